@@ -1,0 +1,30 @@
+# The README's two commands: `make run` and `make test`. Both set everything up on first use.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.setup-done
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup run run-images run-hep test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+## make run: the main job end to end on local Spark
+run: run-images
+
+run-images: setup
+	$(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g jobs/run_images.py --config configs/run_images.yaml
+
+test: setup
+	$(PY) -m pytest tests
+
+bench: setup
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf runs/ spark-warehouse/ metastore_db/ derby.log

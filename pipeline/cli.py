@@ -1,0 +1,96 @@
+"""The one command-line front end shared by every ``jobs/*.py``.
+
+    spark-submit jobs/X.py --config configs/X.yaml [--set key=value ...] [--<key> value] [--dry-run]
+    python -m jobs.X ...                                   (same options, local Spark)
+
+Every config field is also an option (``--train.epochs 3`` == ``--set train.epochs=3``),
+listed in ``--help`` with its default. Exit codes: 0 success, 2 bad input/config
+(one line naming the path, column or value), 1 unexpected error (one line; set
+``PIPELINE_DEBUG=1`` for the traceback), 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Optional, Sequence, Type
+
+from .config import StageConfig, config_fields, load_config
+from .errors import PipelineError
+
+log = logging.getLogger("pipeline")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S", stream=sys.stderr)
+    for noisy in ("py4j", "urllib3", "matplotlib", "petastorm", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fmt_default(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def build_parser(prog: str, description: str, config_cls: Type[StageConfig],
+                 default_config: Optional[str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=default_config, metavar="PATH",
+                   help=f"YAML config file (default: {default_config})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value (repeatable), e.g. --set train.epochs=3")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config and planned inputs/outputs; do not start Spark")
+    g = p.add_argument_group("config values (each also settable with --set KEY=VALUE)")
+    for dotted, default, desc in config_fields(config_cls):
+        g.add_argument(f"--{dotted}", dest=f"cfg::{dotted}", default=None, metavar="V",
+                       help=f"{desc} (default: {_fmt_default(default)})".strip())
+    return p
+
+
+def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
+            config_cls: Type[StageConfig], run: Callable[[Any], Any],
+            plan: Optional[Callable[[Any], dict]] = None,
+            default_config: Optional[str] = None) -> int:
+    """Parse args, build the config, then ``run(cfg)`` (or print ``plan(cfg)`` on --dry-run)."""
+    setup_logging()
+    parser = build_parser(prog, description, config_cls, default_config)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    overrides = list(args.overrides)
+    for k, v in vars(args).items():
+        if k.startswith("cfg::") and v is not None:
+            overrides.append(f"{k[5:]}={v}")
+    t0 = time.time()
+    try:
+        cfg = load_config(config_cls, args.config, overrides)
+        if args.dry_run:
+            out = {"job": prog, "config": cfg.model_dump(mode="json")}
+            if plan is not None:
+                out["plan"] = plan(cfg)
+            print(json.dumps(out, indent=2, default=str))
+            return 0
+        run(cfg)
+        log.info("%s finished in %.1f s", prog, time.time() - t0)
+        return 0
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place that turns crashes into one line
+        if os.environ.get("PIPELINE_DEBUG"):
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:500]
+        print(f"error: {type(e).__name__}: {first} (set PIPELINE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1

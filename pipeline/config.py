@@ -1,0 +1,122 @@
+"""Typed configuration shared by every stage.
+
+Each stage has a pydantic model (``extra="forbid"`` so a typo is an error, not a silent
+default). A model is built from, in increasing priority:
+
+1. the model's defaults,
+2. a YAML file (``--config configs/X.yaml``),
+3. ``--set dotted.key=value`` overrides (values parsed as YAML scalars/lists).
+
+Stage-specific models live next to their stage (``pipeline/<stage>/...``) and subclass
+:class:`StageConfig`; this module holds only the machinery and the shared pieces.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Type, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ConfigError
+
+T = TypeVar("T", bound="StageConfig")
+
+
+class SparkConfig(BaseModel):
+    """How to reach Spark. ``master=None`` means: the master given by ``spark-submit``,
+    else ``local[*]``."""
+
+    model_config = ConfigDict(extra="forbid")
+    master: Optional[str] = Field(None, description="Spark master URL; default: spark-submit's, else local[*]")
+    app_name: str = Field("hep-pipeline", description="Spark application name")
+    driver_memory: str = Field("4g", description="driver memory when Spark is started from Python")
+    shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings")
+
+
+class StageConfig(BaseModel):
+    """Base of every stage's config."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    cur = d
+    for k in keys[:-1]:
+        nxt = cur.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[k] = nxt
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"bad --set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"bad --set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def format_validation_error(err: ValidationError, cls: type) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "<root>"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key {loc!r} for {cls.__name__}"
+    return f"invalid config value {loc}={first.get('input')!r}: {msg}"
+
+
+def build_config(cls: Type[T], data: dict | None = None, overrides: list[str] | None = None) -> T:
+    """Validate ``data`` (+ ``key=value`` overrides) into ``cls``; ConfigError on failure."""
+    merged: dict = dict(data or {})
+    for item in overrides or []:
+        k, v = parse_override(item)
+        _set_dotted(merged, k, v)
+    try:
+        return cls.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, cls)) from None
+
+
+def load_config(cls: Type[T], path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> T:
+    data = read_yaml(path) if path else {}
+    return build_config(cls, data, overrides)
+
+
+def config_fields(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, Any, str]]:
+    """Flattened (dotted name, default, description) of every field, for ``--help``."""
+    out = []
+    for name, f in cls.model_fields.items():
+        ann = f.annotation
+        dotted = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(config_fields(ann, dotted + "."))
+            continue
+        default = f.get_default(call_default_factory=True)
+        out.append((dotted, default, f.description or ""))
+    return out

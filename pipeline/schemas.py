@@ -1,0 +1,178 @@
+"""Versioned dataset schemas: the contract between stages.
+
+A schema is a JSON file ``schemas/<name>/v<N>.json``::
+
+    {"name": "images", "version": 1, "description": "...",
+     "columns": [{"name": "sample_id", "type": "int64", "nullable": false, "description": "..."},
+                 {"name": "image", "type": {"list": "uint8"}}, ...]}
+
+Types: arrow primitive names (``int32``, ``int64``, ``float32``, ``float64``, ``bool``,
+``string``, ``uint8``, ...), ``{"list": T}`` and ``{"fixed_size_list": T, "size": N}``.
+``load_schema`` gives the newest version unless one is asked for; ``validate`` checks a
+dataset's Arrow schema against it and names the first offending column.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pyarrow as pa
+
+from .errors import BadInputError, ConfigError
+
+SCHEMA_DIR = Path(os.environ.get("PIPELINE_SCHEMAS", Path(__file__).resolve().parents[1] / "schemas"))
+
+_PRIMITIVES = {
+    "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
+    "float16": pa.float16(), "float32": pa.float32(), "float64": pa.float64(),
+    "string": pa.string(), "large_string": pa.large_string(), "binary": pa.binary(),
+}
+_PRIM_NAMES = {v: k for k, v in _PRIMITIVES.items()}
+
+
+def type_from_json(t: Any) -> pa.DataType:
+    if isinstance(t, str):
+        if t not in _PRIMITIVES:
+            raise ConfigError(f"unknown schema type {t!r}")
+        return _PRIMITIVES[t]
+    if isinstance(t, dict) and "list" in t:
+        return pa.list_(type_from_json(t["list"]))
+    if isinstance(t, dict) and "large_list" in t:
+        return pa.large_list(type_from_json(t["large_list"]))
+    if isinstance(t, dict) and "fixed_size_list" in t:
+        return pa.list_(type_from_json(t["fixed_size_list"]), int(t["size"]))
+    raise ConfigError(f"unknown schema type {t!r}")
+
+
+def type_to_json(t: pa.DataType) -> Any:
+    if t in _PRIM_NAMES:
+        return _PRIM_NAMES[t]
+    if pa.types.is_fixed_size_list(t):
+        return {"fixed_size_list": type_to_json(t.value_type), "size": t.list_size}
+    if pa.types.is_large_list(t):
+        return {"large_list": type_to_json(t.value_type)}
+    if pa.types.is_list(t):
+        return {"list": type_to_json(t.value_type)}
+    raise ConfigError(f"arrow type {t} has no schema JSON form")
+
+
+@dataclass
+class DatasetSchema:
+    name: str
+    version: int
+    columns: list[dict]
+    description: str = ""
+    metadata: dict = field(default_factory=dict)
+
+    def to_arrow(self) -> pa.Schema:
+        return pa.schema([pa.field(c["name"], type_from_json(c["type"]), nullable=c.get("nullable", True))
+                          for c in self.columns])
+
+    def to_spark(self):
+        from pyspark.sql.pandas.types import from_arrow_schema
+        return from_arrow_schema(self.to_arrow())
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c["name"] for c in self.columns]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "version": self.version, "description": self.description,
+                "columns": self.columns, "metadata": self.metadata}
+
+    @classmethod
+    def from_arrow(cls, name: str, version: int, schema: pa.Schema, description: str = "",
+                   metadata: Optional[dict] = None) -> "DatasetSchema":
+        cols = [{"name": f.name, "type": type_to_json(f.type), "nullable": f.nullable} for f in schema]
+        return cls(name, version, cols, description, metadata or {})
+
+
+def schema_versions(name: str, schema_dir: Path = SCHEMA_DIR) -> list[int]:
+    d = Path(schema_dir) / name
+    if not d.is_dir():
+        return []
+    return sorted(int(p.stem[1:]) for p in d.glob("v*.json") if p.stem[1:].isdigit())
+
+
+def load_schema(name: str, version: Optional[int] = None, schema_dir: Path = SCHEMA_DIR) -> DatasetSchema:
+    versions = schema_versions(name, schema_dir)
+    if not versions:
+        raise ConfigError(f"no schema named {name!r} under {schema_dir}")
+    v = versions[-1] if version is None else version
+    p = Path(schema_dir) / name / f"v{v}.json"
+    if not p.is_file():
+        raise ConfigError(f"schema {name!r} has no version {v} (have {versions})")
+    d = json.loads(p.read_text())
+    return DatasetSchema(d["name"], int(d["version"]), d["columns"], d.get("description", ""), d.get("metadata", {}))
+
+
+def register_schema(name: str, schema: pa.Schema, description: str = "", metadata: Optional[dict] = None,
+                    schema_dir: Path = SCHEMA_DIR) -> DatasetSchema:
+    """Store a derived schema as a new version, unless the newest version has the same columns."""
+    versions = schema_versions(name, schema_dir)
+    candidate = DatasetSchema.from_arrow(name, (versions[-1] + 1) if versions else 1, schema, description, metadata)
+    if versions:
+        latest = load_schema(name, versions[-1], schema_dir)
+        if latest.columns == candidate.columns:
+            return latest
+    p = Path(schema_dir) / name / f"v{candidate.version}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(candidate.to_json(), indent=2) + "\n")
+    return candidate
+
+
+def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if actual == expected:
+        return True
+    # Spark writes list element fields named "element"; compare value types only.
+    if pa.types.is_list(actual) and pa.types.is_list(expected):
+        return _compatible(actual.value_type, expected.value_type)
+    if pa.types.is_large_list(actual) and pa.types.is_list(expected):
+        return _compatible(actual.value_type, expected.value_type)
+    if pa.types.is_fixed_size_list(actual) and pa.types.is_fixed_size_list(expected):
+        return actual.list_size == expected.list_size and _compatible(actual.value_type, expected.value_type)
+    if pa.types.is_large_string(actual) and pa.types.is_string(expected):
+        return True
+    return False
+
+
+def validate(actual: pa.Schema, expected: DatasetSchema, where: str, allow_extra: bool = True) -> None:
+    """Raise BadInputError naming ``where`` and the first missing or mistyped column."""
+    exp = expected.to_arrow()
+    for f in exp:
+        idx = actual.get_field_index(f.name)
+        if idx < 0:
+            raise BadInputError(f"{where}: missing column {f.name!r} required by schema {expected.name} v{expected.version}")
+        got = actual.field(idx).type
+        if not _compatible(got, f.type):
+            raise BadInputError(f"{where}: column {f.name!r} has type {got}, schema {expected.name} "
+                                f"v{expected.version} wants {f.type}")
+    if not allow_extra:
+        extra = [n for n in actual.names if n not in expected.column_names and not n.startswith("__")]
+        if extra:
+            raise BadInputError(f"{where}: unexpected column {extra[0]!r} (schema {expected.name} v{expected.version})")
+
+
+def parquet_schema(path: str | os.PathLike) -> pa.Schema:
+    """The Arrow schema of a Parquet file or directory, or BadInputError naming the path."""
+    import pyarrow.dataset as ds
+    from .outputs import local_path
+
+    p = local_path(path)
+    if not p.exists():
+        raise BadInputError(f"input path not found: {p}")
+    try:
+        return ds.dataset(str(p), format="parquet", exclude_invalid_files=False,
+                          ignore_prefixes=[".", "_"]).schema
+    except Exception as e:  # pyarrow raises several types here
+        raise BadInputError(f"cannot read Parquet at {p}: {str(e).splitlines()[0]}") from None
+
+
+def validate_parquet(path: str | os.PathLike, expected: DatasetSchema) -> pa.Schema:
+    s = parquet_schema(path)
+    validate(s, expected, str(path))
+    return s

