@@ -1,0 +1,1 @@
+"""Training stage: communication layer, algorithms, models, the per-worker loop and launchers."""

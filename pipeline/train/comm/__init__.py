@@ -1,0 +1,2 @@
+"""Communication layer: one interface (base.Communicator), several backends."""
+from .base import Communicator, CommStats, Group  # noqa: F401
