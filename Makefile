@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED := 1
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
+$(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 

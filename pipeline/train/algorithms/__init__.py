@@ -1,2 +1,67 @@
-"""Training algorithms: each a small class wrapping any torch optimizer (see base.Algorithm)."""
+"""Training algorithms: each a small class wrapping any torch optimizer (see base.Algorithm).
+
+Registry
+--------
+``REGISTRY`` maps an algorithm name (``TrainConfig.algorithm.name``) to the module that
+implements it. Each such module exposes ``SPECS = {name: Spec(Params, build)}`` where
+``Params`` is a pydantic model of the algorithm's parameters (``extra="forbid"``) and
+``build(params, ctx) -> Algorithm``. Adding an algorithm = one new file + one line here.
+
+``BuildContext`` carries what builders may need: the model, base optimizer, communicator,
+the averaging policy (BatchNorm buffers / momentum) and the manifest's per-worker groups.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from ...errors import ConfigError
 from .base import Algorithm  # noqa: F401
+
+REGISTRY: dict[str, str] = {
+    "arsgd": "pipeline.train.algorithms.arsgd",
+    "local_sgd": "pipeline.train.algorithms.local_sgd",
+    "post_local_sgd": "pipeline.train.algorithms.local_sgd",
+    "hierarchical": "pipeline.train.algorithms.hierarchical",
+    "slowmo": "pipeline.train.algorithms.slowmo",
+}
+
+
+@dataclass
+class Spec:
+    params: type[BaseModel]
+    build: Callable[[Any, "BuildContext"], Algorithm]
+
+
+@dataclass
+class BuildContext:
+    model: Any
+    optimizer: Any
+    comm: Any
+    policy: Any = None              # pipeline.train.algorithms.averaging.ModelAverager
+    groups: list[dict] = field(default_factory=list)  # manifest workers[i]["group"], by rank
+
+
+def spec(name: str) -> Spec:
+    if name not in REGISTRY:
+        raise ConfigError(f"invalid config value algorithm.name={name!r}: known are {', '.join(sorted(REGISTRY))}")
+    return importlib.import_module(REGISTRY[name]).SPECS[name]
+
+
+def validate_params(name: str, params: dict) -> BaseModel:
+    s = spec(name)
+    try:
+        return s.params.model_validate(params or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"unknown config key algorithm.params.{loc} for algorithm {name!r}") from None
+        raise ConfigError(f"invalid config value algorithm.params.{loc}={first.get('input')!r}: {first['msg']}") from None
+
+
+def build_algorithm(name: str, params: dict, ctx: BuildContext) -> Algorithm:
+    return spec(name).build(validate_params(name, params), ctx)

@@ -42,6 +42,10 @@ class Algorithm:
         self.after_step()
         self.step_count += 1
 
+    def in_sync(self) -> bool:
+        """True when, after the last step, every worker holds the same parameters."""
+        return False
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 

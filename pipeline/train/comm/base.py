@@ -100,6 +100,15 @@ class Communicator(ABC):
     def shutdown(self) -> None:
         pass
 
+    @contextmanager
+    def stats_paused(self):
+        """Communication inside this block is not counted (e.g. evaluation bookkeeping)."""
+        saved = CommStats(self.stats.bytes_sent, self.stats.seconds, self.stats.calls)
+        try:
+            yield
+        finally:
+            self.stats = saved
+
     # --- accounting helper for backends ---
     @contextmanager
     def _timed(self, sent_bytes: int = 0):

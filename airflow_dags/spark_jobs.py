@@ -1,0 +1,174 @@
+"""Building blocks of the pipeline DAGs: one ``spark-submit jobs/<name>.py`` task per stage.
+
+The DAG files (``hep_pipeline.py``, ``images_pipeline.py``) only wire tasks together; every
+piece of pipeline logic lives in ``pipeline/`` and runs inside the submitted job. So this
+module imports nothing heavy: Airflow's SDK, the Spark provider's operator and PyYAML. Both
+paths a user has (a scheduled DAG run and a hand-typed ``spark-submit``) run the same command:
+
+    spark-submit [--conf k=v ...] <repo>/jobs/<job>.py --config <configs>/<job>.yaml \
+        --set spark.master=<param or null> --set <io key>=<run-scoped path> ... [--set <extra>]
+
+Design points:
+
+* **Settings** come from ``configs/dag_<name>.yaml`` (read once at parse time, with PyYAML):
+  the schedule, the Spark connection id, retries and back-off of the ingestion tasks, extra
+  ``--conf`` per task (GPU resources for training, for example) and the defaults of the DAG
+  params. ``PIPELINE_DAG_CONFIG_DIR`` points at another folder of YAML files (job configs
+  included), ``PIPELINE_SPARK_CONN_ID`` overrides the connection id.
+* **Run-scoped outputs**: every output path is ``<output_root>/<dag_id>/<run key>/<what>``
+  where the run key is the logical date (``ts_nodash``; the run id when a run has no
+  logical date). A rerun or backfill of one logical date writes into the same directory and
+  each job replaces its own output atomically (``pipeline.outputs.atomic_output_dir``), so
+  there is always exactly one set of outputs per logical date and no other run is touched.
+* **Master**: the connection's master is what ``spark-submit --master`` gets; the DAG param
+  ``spark_master`` (empty by default) additionally overrides ``spark.master`` inside the job.
+* **Extra overrides**: the DAG param ``extra_sets`` maps a task id to a list of ``key=value``
+  strings appended as ``--set`` to that task's command (for example a one-epoch run:
+  ``{"train": ["train.epochs=1"]}``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import yaml
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+#: the repository root (this file lives in ``<repo>/airflow_dags/``)
+REPO = Path(__file__).resolve().parents[1]
+
+#: a Jinja expression naming the run: the logical date, else the run id (manual runs of
+#: Airflow 3 may have no logical date); only characters that are safe in a path.
+RUN_KEY = ("{{ ts_nodash if (logical_date is defined and logical_date) "
+           "else run_id | replace(':', '') | replace('+', '') | replace('/', '_') }}")
+
+
+def config_dir() -> Path:
+    """Folder holding ``dag_*.yaml`` and the jobs' configs (``PIPELINE_DAG_CONFIG_DIR``)."""
+    return Path(os.environ.get("PIPELINE_DAG_CONFIG_DIR") or REPO / "configs").resolve()
+
+
+def load_dag_settings(name: str) -> dict:
+    """The mapping in ``<config dir>/dag_<name>.yaml`` ({} when the file is missing)."""
+    path = config_dir() / f"dag_{name}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def repo_path(p: str | os.PathLike) -> str:
+    """Absolute path; relative ones are taken from the repository root."""
+    path = Path(os.path.expanduser(str(p)))
+    return str(path if path.is_absolute() else (REPO / path))
+
+
+def run_dir(dag_id: str) -> str:
+    """Jinja template of this run's output directory."""
+    return "{{ params.output_root }}/" + dag_id + "/" + RUN_KEY
+
+
+class DagSettings:
+    """The parse-time settings of one DAG (``configs/dag_<name>.yaml``) with their defaults."""
+
+    def __init__(self, name: str, dag_id: str):
+        raw = load_dag_settings(name)
+        self.raw = raw
+        self.dag_id = dag_id
+        self.schedule = raw.get("schedule", "@daily")
+        self.start_date = str(raw.get("start_date", "2026-01-01"))
+        self.conn_id = os.environ.get("PIPELINE_SPARK_CONN_ID") or raw.get("conn_id", "spark_default")
+        self.python = raw.get("python") or sys.executable
+        retry = raw.get("ingest_retries", {}) or {}
+        self.retries = int(retry.get("retries", 3))
+        self.retry_delay = timedelta(seconds=float(retry.get("delay_s", 60)))
+        self.retry_backoff = float(retry.get("backoff", 2.0))
+        self.max_retry_delay = timedelta(seconds=float(retry.get("max_delay_s", 1800)))
+        self.spark_conf: dict[str, dict[str, str]] = {
+            str(k): {str(a): str(b) for a, b in (v or {}).items()} for k, v in (raw.get("spark_conf") or {}).items()}
+        self.params: dict[str, Any] = dict(raw.get("params") or {})
+        if "output_root" in self.params:
+            self.params["output_root"] = repo_path(self.params["output_root"])
+
+    def retry_kwargs(self) -> dict:
+        """Retries with exponential back-off (for the ingestion tasks)."""
+        return {"retries": self.retries, "retry_delay": self.retry_delay,
+                "retry_exponential_backoff": self.retry_backoff, "max_retry_delay": self.max_retry_delay}
+
+
+def job_args(job: str, sets: Mapping[str, Any], cfg_dir: Optional[Path] = None) -> list[str]:
+    """``--config <dir>/<job>.yaml --set spark.master=... --set k=v ...`` (templated strings)."""
+    cfg_dir = cfg_dir or config_dir()
+    args = ["--config", str(cfg_dir / f"{job}.yaml"),
+            "--set", "spark.master={{ params.spark_master or 'null' }}"]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    return args
+
+
+class PipelineJobOperator(SparkSubmitOperator):
+    """``spark-submit jobs/<job>.py`` with the job's config, run-scoped ``--set`` values and the
+    ``extra_sets`` DAG param of this task appended at execution time."""
+
+    def __init__(self, *, job: str, sets: Mapping[str, Any], settings: DagSettings,
+                 conf: Optional[dict] = None, **kwargs: Any) -> None:
+        task_id = kwargs.setdefault("task_id", job)
+        merged_conf = dict(settings.spark_conf.get("all", {}))
+        merged_conf.update(settings.spark_conf.get(task_id, {}))
+        merged_conf.update(conf or {})
+        super().__init__(
+            application=str(REPO / "jobs" / f"{job}.py"),
+            application_args=job_args(job, sets),
+            conn_id=settings.conn_id,
+            conf=merged_conf,
+            name=f"{settings.dag_id}.{task_id}",
+            env_vars={"PYSPARK_PYTHON": settings.python, "PYSPARK_DRIVER_PYTHON": settings.python},
+            **kwargs,
+        )
+        self.job = job
+
+    def execute(self, context: Any) -> Any:
+        extra = ((context.get("params") or {}).get("extra_sets") or {}).get(self.task_id) or []
+        if isinstance(extra, str):
+            extra = [extra]
+        args = list(self.application_args or [])
+        for item in extra:
+            args += ["--set", str(item)]
+        self.application_args = args
+        self.log.info("spark-submit %s %s", self.application, " ".join(args))
+        return super().execute(context)
+
+
+def job_task(job: str, sets: Mapping[str, Any], settings: DagSettings, *, ingest: bool = False,
+             task_id: Optional[str] = None, **kwargs: Any) -> PipelineJobOperator:
+    """One stage as a task; ``ingest=True`` adds the retries with exponential back-off."""
+    if ingest:
+        for k, v in settings.retry_kwargs().items():
+            kwargs.setdefault(k, v)
+    return PipelineJobOperator(job=job, sets=sets, settings=settings, task_id=task_id or job, **kwargs)
+
+
+def common_params(settings: DagSettings, defaults: Mapping[str, Any]) -> dict:
+    """DAG params shared by the pipelines: ``output_root``, ``spark_master``, ``extra_sets``."""
+    from airflow.sdk import Param
+
+    p = {**defaults, **settings.params}
+    return {
+        "output_root": Param(repo_path(p.get("output_root", "runs/airflow")), type="string",
+                             description="root of the run-scoped outputs: <root>/<dag_id>/<logical date>/..."),
+        "spark_master": Param(p.get("spark_master") or "", type="string",
+                              description="spark.master inside the jobs; empty: the connection's master"),
+        "extra_sets": Param(p.get("extra_sets") or {}, type="object",
+                            description='per-task extra --set values, e.g. {"train": ["train.epochs=1"]}'),
+    }
+
+
+def stage_paths(dag_id: str, names: Sequence[str]) -> dict[str, str]:
+    """Templated run-scoped output path of each named artefact."""
+    base = run_dir(dag_id)
+    return {n: f"{base}/{n}" for n in names}

@@ -1,0 +1,1 @@
+"""Reading shards for training: the manifest, and a worker's Parquet directory as torch batches."""

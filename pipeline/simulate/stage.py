@@ -1,0 +1,202 @@
+"""The simulation stage: split the work into tasks, run them on Spark, write atomically.
+
+Work split: each process's ``events`` are cut into tasks of ``events_per_file`` events
+(the last one smaller); task ``i`` of process ``p`` gets seeds ``derive_seeds(seed, p, i)`` and
+writes exactly one ROOT file ``<output>/<p>/<p>_<i:04d>.root``. Tasks of different processes are
+interleaved and each is one Spark partition, so the stage scales with executors and a task's
+events do not depend on which executor ran it or how many ran beside it.
+
+Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a tqdm bar of
+generated events, fed by a Spark accumulator that each finished task adds its events to.
+Output: written into ``atomic_output_dir(output)`` (executors write into its temporary
+directory, so on a cluster the output must be on a file system every executor sees), plus the
+sidecar ``simulation.json`` with the generator settings, versions, seeds, per-file event counts,
+filter efficiencies and Pythia's cross sections.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from ..errors import PipelineError
+from ..outputs import atomic_output_dir, local_path, write_json
+from .config import SimulateConfig
+from .generator import PROCESS_CODE, derive_seeds, process_settings
+
+log = logging.getLogger(__name__)
+SIDECAR = "simulation.json"
+FORMAT = "hep-pipeline-simulation/1"
+CHUNK_EVENTS = 250          # events run through the detector model and written per ROOT basket
+
+
+def settings_for(cfg: SimulateConfig, process: str) -> list[str]:
+    """The full list of Pythia settings of ``process`` under ``cfg`` (seed lines excluded)."""
+    return process_settings(process, ecm=cfg.ecm, qcd_pthat_min=cfg.qcd_pthat_min,
+                            qcd_force_semileptonic=cfg.qcd_force_semileptonic,
+                            wjets_pthat_min=cfg.wjets_pthat_min, extra=cfg.pythia.get(process))
+
+
+def make_tasks(cfg: SimulateConfig) -> list[dict]:
+    """All (process, task index, n events) tasks with their seeds and file names, interleaved by process."""
+    per_process = []
+    for p in cfg.processes:
+        tasks, done, i = [], 0, 0
+        while done < cfg.events:
+            n = min(cfg.events_per_file, cfg.events - done)
+            s_pythia, s_numpy = derive_seeds(cfg.seed, p, i)
+            tasks.append({"process": p, "task": i, "events": n, "first_event": done,
+                          "pythia_seed": s_pythia, "numpy_seed": s_numpy, "file": f"{p}/{p}_{i:04d}.root"})
+            done += n
+            i += 1
+        per_process.append(tasks)
+    out = []
+    for k in range(max(len(t) for t in per_process)):
+        out.extend(t[k] for t in per_process if k < len(t))
+    return out
+
+
+def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
+    """Generate one task's events, run the detector model and write its ROOT file (runs on an executor).
+
+    Returns the task dict extended with ``attempts``, ``passed``, ``seconds``, ``cross_section_pb``;
+    a :class:`PipelineError` is returned as ``{"error": message}`` so the driver can report it in one line.
+    """
+    import numpy as np
+
+    from .delphes_io import write_delphes
+    from .detector import simulate_detector
+    from .generator import ProcessGenerator
+
+    t0 = time.time()
+    p = task["process"]
+    try:
+        filt = cfg.lepton_filter
+        gen = ProcessGenerator(p, settings_for(cfg, p), task["pythia_seed"],
+                               filter_pt=filt.pt_min if p in filt.processes else None, filter_eta=filt.eta_max)
+        rng = np.random.default_rng(task["numpy_seed"])
+        path = Path(out_dir) / task["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        first_number = PROCESS_CODE[p] * 10**9 + task["first_event"]
+
+        def chunks():
+            done = 0
+            while done < task["events"]:
+                n = min(CHUNK_EVENTS, task["events"] - done)
+                b = gen.generate(n, cfg.batch_size, max_attempts=cfg.max_attempts_factor * n)
+                yield simulate_detector(b.prt, b.info, cfg.detector, rng, gen.charge_of,
+                                        first_event_number=first_number + done, process_id=PROCESS_CODE[p])
+                done += n
+
+        n_written = write_delphes(path, chunks())
+        return {**task, "events": n_written, "attempts": gen.attempts, "passed": gen.passed,
+                "cross_section_pb": gen.cross_section_pb(), "seconds": round(time.time() - t0, 3)}
+    except PipelineError as e:
+        return {**task, "error": str(e)}
+
+
+def plan_generate(cfg: SimulateConfig) -> dict:
+    """Inputs/outputs of a run, for ``--dry-run`` (starts no Spark, generates nothing)."""
+    tasks = make_tasks(cfg)
+    out = local_path(cfg.output)
+    return {"inputs": [], "output": str(out), "sidecar": str(out / SIDECAR),
+            "tasks": len(tasks), "events_per_process": cfg.events,
+            "files": {p: [str(out / t["file"]) for t in tasks if t["process"] == p] for p in cfg.processes},
+            "pythia_settings": {p: settings_for(cfg, p) for p in cfg.processes}}
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("pythia8mc", "fastjet", "uproot", "awkward", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, out_dir: str) -> list[dict]:
+    sc = spark.sparkContext
+    acc = sc.accumulator(0)
+
+    def work(task):
+        r = run_task(task, cfg, out_dir)
+        acc.add(r.get("events", 0) if "error" not in r else 0)
+        return r
+
+    box: dict = {}
+
+    def collect():
+        try:
+            sc.setJobDescription(f"simulate {len(tasks)} tasks")
+            box["results"] = sc.parallelize(tasks, len(tasks)).map(work).collect()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the driver thread
+            box["error"] = e
+
+    total = sum(t["events"] for t in tasks)
+    th = threading.Thread(target=collect, name="simulate-collect", daemon=True)
+    th.start()
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, unit="ev", desc="simulate", smoothing=0.1)
+    try:
+        while th.is_alive():
+            th.join(0.5)
+            if bar is not None:
+                bar.update(acc.value - bar.n)
+        if bar is not None:
+            bar.update(acc.value - bar.n)
+    finally:
+        if bar is not None:
+            bar.close()
+    if "error" in box:
+        raise box["error"]
+    return box["results"]
+
+
+def generate(cfg: SimulateConfig, spark=None) -> dict:
+    """Run the stage. Returns ``{"output", "sidecar", "files": {process: [paths]}, "events": {process: n},
+    "filter_efficiency": {process: eff}, "seconds"}``; files are listed in task order."""
+    from ..spark import get_spark
+
+    t0 = time.time()
+    tasks = make_tasks(cfg)
+    spark = spark or get_spark(cfg.spark)
+    final = local_path(cfg.output)
+    log.info("simulate: %d events of %s in %d tasks -> %s", cfg.events, ", ".join(cfg.processes), len(tasks), final)
+    with atomic_output_dir(final, overwrite=cfg.overwrite) as tmp:
+        results = _run_on_spark(spark, tasks, cfg, str(tmp))
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            raise PipelineError(errors[0])
+        procs = {}
+        for p in cfg.processes:
+            rs = [r for r in results if r["process"] == p]
+            att, passed = sum(r["attempts"] for r in rs), sum(r["passed"] for r in rs)
+            xs = [r["cross_section_pb"] for r in rs]
+            procs[p] = {
+                "label": PROCESS_CODE[p], "pythia_settings": settings_for(cfg, p),
+                "lepton_filter": p in cfg.lepton_filter.processes,
+                "events": sum(r["events"] for r in rs), "generated": att, "passed_filter": passed,
+                "filter_efficiency": passed / att if att else None,
+                "cross_section_pb": sum(xs) / len(xs) if xs else None,
+                "files": [{k: r[k] for k in ("file", "task", "events", "first_event", "pythia_seed", "numpy_seed",
+                                             "attempts", "passed", "seconds")} for r in rs],
+            }
+        sidecar = {"format": FORMAT, "seed": cfg.seed, "seed_rule": "numpy SeedSequence([seed, label, task])",
+                   "versions": _versions(), "config": cfg.model_dump(mode="json"), "processes": procs,
+                   "tree": "Delphes"}
+        write_json(tmp / SIDECAR, sidecar)
+    dt = time.time() - t0
+    n_all = sum(v["events"] for v in procs.values())
+    log.info("simulate: wrote %d events in %.1f s (%.1f events/s)", n_all, dt, n_all / dt if dt else 0)
+    return {"output": str(final), "sidecar": str(final / SIDECAR),
+            "files": {p: [str(final / f["file"]) for f in v["files"]] for p, v in procs.items()},
+            "events": {p: v["events"] for p, v in procs.items()},
+            "filter_efficiency": {p: v["filter_efficiency"] for p, v in procs.items()},
+            "seconds": round(dt, 2)}

