@@ -23,7 +23,7 @@ from spark_jobs import DagSettings, common_params, job_task, repo_path, stage_pa
 DAG_ID = "hep_pipeline"
 S = DagSettings("hep", DAG_ID)
 P = stage_paths(DAG_ID, ["simulated", "events", "features", "shards", "train", "report"])
-INPUT = "{% if params.simulate %}" + P["simulated"] + "/*.root{% else %}{{ params.input_glob }}{% endif %}"
+INPUT = "{% if params.simulate %}" + P["simulated"] + "/*/*.root{% else %}{{ params.input_glob }}{% endif %}"
 
 with DAG(
     dag_id=DAG_ID,
@@ -39,10 +39,13 @@ with DAG(
                           description="generate events with jobs/simulate.py instead of reading input_glob"),
         "input_glob": Param(repo_path(S.params.get("input_glob", "")), type="string",
                             description="ROOT files to ingest (glob or list), when simulate is false"),
-        "model": Param(S.params.get("model", "hlf"), enum=["hlf", "llf"], description="features to train on"),
+        "model": Param(S.params.get("model", "hlf"), enum=["hlf", "gru", "inclusive"],
+                       description="classifier: hlf (HLF dataset), gru / inclusive (LLF dataset)"),
         "algorithm": Param(S.params.get("algorithm", "arsgd"), type="string", description="training algorithm"),
         "workers": Param(int(S.params.get("workers", 2)), type="integer", minimum=1,
                          description="number of shards / training workers"),
+        "scheme": Param(S.params.get("scheme", "disjoint"), type="string",
+                        description="data assignment scheme of jobs/shard.py"),
     },
     doc_md=__doc__,
 ) as dag:
@@ -54,12 +57,15 @@ with DAG(
 
     branch = choose_source()
     simulate = job_task("simulate", {"output": P["simulated"]}, S, ingest=True)
-    ingest = job_task("ingest_root", {"input": INPUT, "output": P["events"]}, S, ingest=True,
+    ingest = job_task("ingest_root", {"input": INPUT, "tree": "Delphes", "output": P["events"]}, S, ingest=True,
                       trigger_rule="none_failed_min_one_success")
     features = job_task("features", {"input": P["events"], "output": P["features"]}, S)
-    shard = job_task("shard", {"input": P["features"] + "/{{ params.model }}", "output": P["shards"],
-                               "layout.workers": "{{ params.workers }}"}, S)
-    train = job_task("train", {"shards": P["shards"], "output": P["train"], "model": "{{ params.model }}",
+    shard = job_task("shard", {"input": P["features"] + "/{{ 'hlf' if params.model == 'hlf' else 'llf' }}",
+                               "output": P["shards"],
+                               "workers": "{{ params.workers }}",
+                               "scheme": "{{ params.scheme }}"}, S)
+    train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
+                               "model": "{{ params.model }}",
                                "workers": "{{ params.workers }}", "algorithm.name": "{{ params.algorithm }}"}, S)
     report = job_task("report", {"input": P["train"], "output": P["report"]}, S)
     branch >> [simulate, ingest]

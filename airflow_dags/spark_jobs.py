@@ -111,6 +111,17 @@ def job_args(job: str, sets: Mapping[str, Any], cfg_dir: Optional[Path] = None) 
     return args
 
 
+def with_extra_sets(args: Optional[Sequence[str]], params: Optional[Mapping[str, Any]], task_id: str) -> list[str]:
+    """``args`` plus ``--set item`` for each item of ``params["extra_sets"][task_id]``."""
+    extra = ((params or {}).get("extra_sets") or {}).get(task_id) or []
+    if isinstance(extra, str):
+        extra = [extra]
+    out = list(args or [])
+    for item in extra:
+        out += ["--set", str(item)]
+    return out
+
+
 class PipelineJobOperator(SparkSubmitOperator):
     """``spark-submit jobs/<job>.py`` with the job's config, run-scoped ``--set`` values and the
     ``extra_sets`` DAG param of this task appended at execution time."""
@@ -133,13 +144,7 @@ class PipelineJobOperator(SparkSubmitOperator):
         self.job = job
 
     def execute(self, context: Any) -> Any:
-        extra = ((context.get("params") or {}).get("extra_sets") or {}).get(self.task_id) or []
-        if isinstance(extra, str):
-            extra = [extra]
-        args = list(self.application_args or [])
-        for item in extra:
-            args += ["--set", str(item)]
-        self.application_args = args
+        self.application_args = with_extra_sets(self.application_args, context.get("params"), self.task_id)
         self.log.info("spark-submit %s %s", self.application, " ".join(args))
         return super().execute(context)
 

@@ -2,7 +2,7 @@
 Delphes-layout ROOT files (tree ``Delphes``, branches ``Electron.PT``, ``Jet.BTag``, ...).
 
     from pipeline.simulate import SimulateConfig, generate
-    out = generate(SimulateConfig(events=2000, output="data/hep/simulated"))
+    out = generate(SimulateConfig(events=2000, output="runs/hep/simulated"))
     out["files"]["ttbar"]        # list of ROOT files of that class
 
 Modules: ``config`` (SimulateConfig), ``generator`` (Pythia settings, seeds, batched generation

@@ -78,7 +78,7 @@ class SimulateConfig(StageConfig):
                                      description="processes to generate (ttbar, wjets, qcd)")
     events: int = Field(3000, gt=0, description="events written per process (after the lepton filter)")
     seed: int = Field(12345, ge=0, description="run seed; task seeds derive from (seed, process, task index)")
-    output: str = Field("data/hep/simulated", description="output directory (replaced atomically)")
+    output: str = Field("runs/hep/simulated", description="output directory (replaced atomically)")
     events_per_file: int = Field(500, gt=0, description="events per ROOT file; one Spark task writes one file")
     batch_size: int = Field(100, gt=0, description="events Pythia generates per nextBatch call")
     ecm: float = Field(13000.0, gt=0, description="centre-of-mass energy [GeV]")

@@ -41,6 +41,7 @@ from .config import DetectorConfig
 
 C_LIGHT_MM_PER_S = 2.99792458e11
 KIND_TRACK, KIND_PHOTON, KIND_NEUTRAL = 0, 1, 2
+_FASTJET_BANNER_SHOWN = False
 
 
 @dataclass
@@ -266,8 +267,17 @@ def _jets(cfg, rng, n_ev, n_cand, cand_start, px, py, pz, e, kind, q, pdg, from_
     import fastjet
 
     vectors = ak.unflatten(ak.zip({"px": px, "py": py, "pz": pz, "E": e}), n_cand)
+    global _FASTJET_BANNER_SHOWN
     jetdef = fastjet.JetDefinition(fastjet.antikt_algorithm, cfg.jet_radius)
-    cs = fastjet.ClusterSequence(vectors, jetdef)
+    if not _FASTJET_BANNER_SHOWN:          # fastjet prints a banner to stdout on first use
+        from .generator import _quiet_stdout
+
+        with _quiet_stdout():
+            cs = fastjet.ClusterSequence(vectors, jetdef)
+            jets = cs.inclusive_jets(min_pt=cfg.jet_pt_min)
+        _FASTJET_BANNER_SHOWN = True
+    else:
+        cs = fastjet.ClusterSequence(vectors, jetdef)
     jets = cs.inclusive_jets(min_pt=cfg.jet_pt_min)
     const = cs.constituent_index(min_pt=cfg.jet_pt_min)
     n_jets = ak.to_numpy(ak.num(jets, axis=1)).astype(np.int64)

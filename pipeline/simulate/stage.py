@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import PipelineError
+from ..errors import BadInputError, ConfigError, PipelineError
 from ..outputs import atomic_output_dir, local_path, write_json
 from .config import SimulateConfig
 from .generator import PROCESS_CODE, derive_seeds, process_settings
@@ -69,7 +69,7 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
     from .detector import simulate_detector
     from .generator import ProcessGenerator
 
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     p = task["process"]
     try:
         filt = cfg.lepton_filter
@@ -91,9 +91,10 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
 
         n_written = write_delphes(path, chunks())
         return {**task, "events": n_written, "attempts": gen.attempts, "passed": gen.passed,
-                "cross_section_pb": gen.cross_section_pb(), "seconds": round(time.time() - t0, 3)}
+                "cross_section_pb": gen.cross_section_pb(), "seconds": round(time.time() - t0, 3),
+                "cpu_seconds": round(time.process_time() - c0, 3)}
     except PipelineError as e:
-        return {**task, "error": str(e)}
+        return {**task, "error": str(e), "error_type": type(e).__name__}
 
 
 def plan_generate(cfg: SimulateConfig) -> dict:
@@ -147,9 +148,9 @@ def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, out_dir: str) -
     try:
         while th.is_alive():
             th.join(0.5)
-            if bar is not None:
+            if bar is not None and acc.value > bar.n:
                 bar.update(acc.value - bar.n)
-        if bar is not None:
+        if bar is not None and acc.value > bar.n:
             bar.update(acc.value - bar.n)
     finally:
         if bar is not None:
@@ -171,9 +172,11 @@ def generate(cfg: SimulateConfig, spark=None) -> dict:
     log.info("simulate: %d events of %s in %d tasks -> %s", cfg.events, ", ".join(cfg.processes), len(tasks), final)
     with atomic_output_dir(final, overwrite=cfg.overwrite) as tmp:
         results = _run_on_spark(spark, tasks, cfg, str(tmp))
-        errors = [r["error"] for r in results if "error" in r]
-        if errors:
-            raise PipelineError(errors[0])
+        failed = [r for r in results if "error" in r]
+        if failed:
+            cls = {"ConfigError": ConfigError, "BadInputError": BadInputError}.get(failed[0]["error_type"],
+                                                                                   PipelineError)
+            raise cls(failed[0]["error"])
         procs = {}
         for p in cfg.processes:
             rs = [r for r in results if r["process"] == p]
@@ -186,7 +189,7 @@ def generate(cfg: SimulateConfig, spark=None) -> dict:
                 "filter_efficiency": passed / att if att else None,
                 "cross_section_pb": sum(xs) / len(xs) if xs else None,
                 "files": [{k: r[k] for k in ("file", "task", "events", "first_event", "pythia_seed", "numpy_seed",
-                                             "attempts", "passed", "seconds")} for r in rs],
+                                             "attempts", "passed", "seconds", "cpu_seconds")} for r in rs],
             }
         sidecar = {"format": FORMAT, "seed": cfg.seed, "seed_rule": "numpy SeedSequence([seed, label, task])",
                    "versions": _versions(), "config": cfg.model_dump(mode="json"), "processes": procs,

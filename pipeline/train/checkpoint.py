@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 FINGERPRINT_FIELDS = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
                       "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps")

@@ -14,8 +14,9 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ...config import StageConfig
-from ...errors import ConfigError
+from ..config import StageConfig
+from ..errors import ConfigError
+from .stragglers import StragglerConfig
 
 MODELS = ("lenet5", "resnet20", "hlf", "gru", "inclusive")
 
@@ -89,6 +90,8 @@ class TrainConfig(StageConfig):
     record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
     fail_at_step: Optional[int] = Field(None, gt=0, description="testing aid: raise after this step (simulates a crash)")
     start_timeout: int = Field(120, gt=0, description="seconds the launcher waits for workers to start")
+    stragglers: StragglerConfig = Field(default_factory=StragglerConfig,
+                                        description="simulated slow workers (issue 7; off by default)")
 
     @field_validator("output", "manifest")
     @classmethod

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 def pick_device(requested: str, local_rank: int):
     import torch
 
-    from ...errors import ConfigError
+    from ..errors import ConfigError
 
     if requested == "cpu":
         return torch.device("cpu")
@@ -90,7 +90,7 @@ class _Run:
         self.rank, self.world = comm.rank, comm.world_size
         self.manifest = load_manifest(cfg.manifest)
         if self.world != self.manifest.num_workers:
-            from ...errors import BadInputError
+            from ..errors import BadInputError
 
             raise BadInputError(f"{cfg.manifest}: {self.manifest.num_workers} worker shards but {self.world} workers")
         self.shard = self.manifest.workers[self.rank]
@@ -104,6 +104,9 @@ class _Run:
                            groups=[w.group for w in self.manifest.workers])
         self.algo = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, ctx)
         self.bn = bn_buffers(self.model)
+        from .stragglers import StragglerSimulator  # issue 7: simulated slow workers (off by default)
+
+        self.stragglers = StragglerSimulator(cfg.stragglers, self.rank)
         with comm.stats_paused():
             comm.broadcast_([t for t in self.model.state_dict().values()], root=0)
         self.step = 0
@@ -151,6 +154,9 @@ class _Run:
         if cfg.policy.batchnorm == "average":
             consensus += self.bn
         with self.comm.stats_paused():
+            from .consensus import consensus_distance  # issue 7: logged at every evaluation
+
+            spread = consensus_distance([p.data for p in self.model.parameters()], self.comm) if consensus else 0.0
             backup = [t.clone() for t in consensus]
             if consensus:
                 self.comm.allreduce_mean_(consensus)
@@ -170,8 +176,8 @@ class _Run:
             mine = (np.concatenate(probs) if probs else np.zeros((0, k), np.float32),
                     np.concatenate(labels) if labels else np.zeros(0, np.int64), loss_sum)
             parts = self.comm.allgather_object(mine)
-        return summarize(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                         sum(p[2] for p in parts))
+        return {**summarize(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                            sum(p[2] for p in parts)), "consensus_distance": spread}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -184,6 +190,10 @@ class _Run:
         from .schedule import lr_at, set_lr
 
         cfg, plan, comm = self.cfg, self.plan, self.comm
+        if getattr(self.algo, "variable_steps", False):  # issue 7: per-worker step counts differ
+            from .round_loop import run_rounds
+
+            return run_rounds(self)
         self.try_resume()
         self.writer = MetricsWriter(self.out_dir, self.history, cfg.tensorboard) if self.rank == 0 else None
         spe, total, b = plan["steps_per_epoch"], plan["total_steps"], cfg.batch_size
@@ -209,8 +219,9 @@ class _Run:
                     t0 = time.perf_counter()
                     set_lr(self.optimizer, lr_at(self.step, cfg.lr, self.world, cfg.lr_scaling, plan["warmup_steps"]))
                     self.algo.zero_grad()
-                    loss = F.cross_entropy(self.model(*inputs), y)
-                    loss.backward()
+                    with self.stragglers.compute():
+                        loss = F.cross_entropy(self.model(*inputs), y)
+                        loss.backward()
                     self.algo.step()
                     self.step += 1
                     done += 1
@@ -257,6 +268,8 @@ class _Run:
                 "device": str(self.device)}
 
     def _record(self, split: str, res: dict, train_s: float, mark: dict, wire0, bytes0) -> dict:
+        from .metrics import wire_bytes_written
+
         comm, plan = self.comm, self.plan
         steps = self.step - mark["step"]
         dt = max(train_s - mark["t"], 1e-9)
@@ -269,7 +282,8 @@ class _Run:
                "comm_fraction": ((comm.stats.seconds - mark["comm"]) / dt) if steps else None,
                "bytes_sent": comm.stats.bytes_sent - bytes0,
                "bytes_sent_per_step": (comm.stats.bytes_sent - bytes0) / max(self.step, 1),
-               "wire_bytes_written": (wire - wire0) if wire is not None and wire0 is not None else None}
+               "wire_bytes_written": (wire - wire0) if wire is not None and wire0 is not None else None,
+               "consensus_distance": res.get("consensus_distance")}
         mark.update({"t": train_s, "comm": comm.stats.seconds, "step": self.step, "loss": 0.0, "n": 0})
         return rec
 

@@ -65,3 +65,11 @@ def validate_params(name: str, params: dict) -> BaseModel:
 
 def build_algorithm(name: str, params: dict, ctx: BuildContext) -> Algorithm:
     return spec(name).build(validate_params(name, params), ctx)
+
+# issue 7: decentralized and elastic algorithms (swarm.py, dpsgd.py, easgd.py, rounds.py)
+REGISTRY.update({
+    "swarm": "pipeline.train.algorithms.swarm",
+    "dpsgd": "pipeline.train.algorithms.dpsgd",
+    "easgd": "pipeline.train.algorithms.easgd",
+    "timed_local_sgd": "pipeline.train.algorithms.rounds",
+})

@@ -95,3 +95,15 @@ def build(params: Params, ctx: BuildContext) -> SlowMo:
 
 
 SPECS = {"slowmo": Spec(Params, build)}
+
+
+# issue 7: around a base whose workers take different numbers of steps per round (time-budgeted
+# or geometric local steps), tau counts ROUNDS (rounds.RoundSlowMo); otherwise unchanged.
+def build(params: Params, ctx: BuildContext) -> SlowMo:  # noqa: F811
+    from .rounds import slowmo_for
+
+    base = build_algorithm(params.base, params.base_params, ctx)
+    return slowmo_for(base, ctx.policy, params.tau, params.beta, params.alpha, params.average)
+
+
+SPECS = {"slowmo": Spec(Params, build)}

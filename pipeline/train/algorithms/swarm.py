@@ -80,6 +80,7 @@ class SwarmSGD(Algorithm):
         self.weighting = weighting
         self.averager = averager if averager is not None else ParamsOnly(self.params)
         self.local = LocalSteps(schedule, local_steps, round_seconds, seed=self.seed, rank=comm.rank)
+        self.nominal_steps_per_round = int(local_steps)
         self.rounds_done = 0
         self.steps_in_round = 0
         self.round_finished = False  # True right after the step that ended a round

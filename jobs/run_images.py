@@ -1,0 +1,15 @@
+"""The image slice end to end: ingest images -> shard for N workers -> train (Horovod-on-Spark by
+default) -> one-line summary with the test accuracy. `make run-images` runs it."""
+import sys
+
+from pipeline.cli import run_job
+from pipeline.workflows import ImagesRunConfig, plan_run_images, run_images
+
+
+def main(argv=None) -> int:
+    return run_job(argv, prog="run_images", description=__doc__, config_cls=ImagesRunConfig,
+                   run=run_images, plan=plan_run_images, default_config=None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Train a model data-parallel on the per-worker shards of a manifest: Horovod-on-Spark
+(default), Spark's TorchDistributor, or local processes; AR-SGD, local SGD, post-local SGD,
+hierarchical local SGD or SlowMo. Writes metrics.jsonl, summary.json and model.pt to the
+output directory and checkpoints next to it; prints the final test accuracy."""
+import sys
+
+from pipeline.cli import run_job
+from pipeline.train.config import TrainConfig
+from pipeline.train.launch import plan_train, train
+
+
+def main(argv=None) -> int:
+    return run_job(argv, prog="train", description=__doc__, config_cls=TrainConfig, run=train,
+                   plan=plan_train, default_config=None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

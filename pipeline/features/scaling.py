@@ -1,0 +1,183 @@
+"""Per-feature standardisation fitted on the training split only (``scaling.json``).
+
+Spark-ML-like: ``FeatureScaler().fit(df)`` returns a :class:`ScalingModel` (mean and standard
+deviation per feature) and ``model.transform(...)`` applies ``(x - mean) / std``. Unlike the
+CERN code, which standardised the particles of each event on their own (turning the zero padding
+into non-zero values), the LLF statistics are over the *real* particles of all training events
+(rows ``< n_particles``) and padding stays exactly zero after the transform.
+
+``fit`` runs one Spark pass (``mapInArrow``: per partition the count, mean and sum of squared
+deviations of each feature, merged on the driver with Chan's parallel formula), so the LLF
+arrays never reach the driver. The artefact is the contract of the training stage::
+
+    {"hlf": {"mean": [14], "std": [14], "count": N}, "llf": {"mean": [19], "std": [19], "count": M}}
+
+A feature with zero spread (or a split with no events) gets ``std = 1`` so that the transform
+is defined; ``count`` says how many values the statistics came from.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .delphes import LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
+
+
+@dataclass
+class Moments:
+    """Count, mean and M2 (sum of squared deviations) per feature; mergeable."""
+
+    n: float
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray) -> "Moments":
+        x = np.asarray(x, dtype=np.float64)
+        if len(x) == 0:
+            return cls(0.0, np.zeros(x.shape[1]), np.zeros(x.shape[1]))
+        mean = x.mean(axis=0)
+        return cls(float(len(x)), mean, ((x - mean) ** 2).sum(axis=0))
+
+    def merge(self, other: "Moments") -> "Moments":
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            return other
+        n = self.n + other.n
+        d = other.mean - self.mean
+        return Moments(n, self.mean + d * other.n / n, self.m2 + other.m2 + d * d * self.n * other.n / n)
+
+    def std(self) -> np.ndarray:
+        if self.n == 0:
+            return np.ones_like(self.mean)
+        s = np.sqrt(self.m2 / self.n)
+        return np.where(s > 0, s, 1.0)
+
+
+@dataclass
+class ScalingModel:
+    hlf_mean: np.ndarray
+    hlf_std: np.ndarray
+    llf_mean: np.ndarray
+    llf_std: np.ndarray
+    hlf_count: int = 0
+    llf_count: int = 0
+
+    def to_json(self) -> dict:
+        return {"hlf": {"mean": self.hlf_mean.tolist(), "std": self.hlf_std.tolist(), "count": self.hlf_count},
+                "llf": {"mean": self.llf_mean.tolist(), "std": self.llf_std.tolist(), "count": self.llf_count}}
+
+    def save(self, path) -> Path:
+        from ..outputs import write_json
+        return write_json(path, self.to_json())
+
+    @classmethod
+    def load(cls, path) -> "ScalingModel":
+        from ..outputs import read_json
+        d = read_json(path)
+        return cls(np.asarray(d["hlf"]["mean"], np.float64), np.asarray(d["hlf"]["std"], np.float64),
+                   np.asarray(d["llf"]["mean"], np.float64), np.asarray(d["llf"]["std"], np.float64),
+                   int(d["hlf"].get("count", 0)), int(d["llf"].get("count", 0)))
+
+    def transform_hlf(self, hlf: np.ndarray) -> np.ndarray:
+        """(n, 14) -> standardised float32."""
+        return ((np.asarray(hlf, np.float64) - self.hlf_mean) / self.hlf_std).astype(np.float32)
+
+    def transform_llf(self, llf: np.ndarray, n_particles: np.ndarray) -> np.ndarray:
+        """(n, 15219) flattened particle-major -> standardised; rows >= n_particles stay 0."""
+        x = np.asarray(llf, np.float64).reshape(-1, N_PARTICLES, N_LLF_FEATURES)
+        mask = np.arange(N_PARTICLES)[None, :] < np.asarray(n_particles)[:, None]
+        y = np.where(mask[..., None], (x - self.llf_mean) / self.llf_std, 0.0)
+        return y.reshape(-1, LLF_SIZE).astype(np.float32)
+
+    def transform(self, df, hlf_col: str = "hlf", llf_col: Optional[str] = "llf",
+                  n_col: str = "n_particles"):
+        """Spark DataFrame -> same columns, HLF (and LLF if present) standardised."""
+        import pyarrow as pa
+
+        model = self
+        cols = df.columns
+
+        def fn(batches: Iterator):
+            for b in batches:
+                t = pa.Table.from_batches([b])
+                out = {}
+                for c in cols:
+                    if c == hlf_col:
+                        h = _fixed(t.column(c), N_HLF)
+                        out[c] = _list_array(model.transform_hlf(h))
+                    elif llf_col and c == llf_col:
+                        x = _fixed(t.column(c), LLF_SIZE)
+                        out[c] = _list_array(model.transform_llf(x, t.column(n_col).to_numpy()))
+                    else:
+                        out[c] = t.column(c).combine_chunks()
+                yield pa.RecordBatch.from_arrays(list(out.values()), names=list(out.keys()))
+
+        return df.mapInArrow(fn, df.schema)
+
+
+def _fixed(col, width: int) -> np.ndarray:
+    """Arrow list<float> column of equal-length rows -> (n, width) numpy."""
+    import pyarrow as pa
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    vals = arr.flatten().to_numpy(zero_copy_only=False)
+    return vals.reshape(len(arr), width) if len(arr) else np.zeros((0, width), np.float32)
+
+
+def _list_array(x: np.ndarray):
+    import pyarrow as pa
+
+    n, w = x.shape
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * w, type=pa.int32())
+    return pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1), type=pa.float32()))
+
+
+class FeatureScaler:
+    """Estimator: ``fit(df)`` on a DataFrame with ``hlf`` and (optionally) ``llf``/``n_particles``."""
+
+    def __init__(self, hlf_col: str = "hlf", llf_col: Optional[str] = "llf", n_col: str = "n_particles"):
+        self.hlf_col, self.llf_col, self.n_col = hlf_col, llf_col, n_col
+
+    def fit(self, df) -> ScalingModel:
+        import pyarrow as pa
+        from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
+
+        hlf_col, llf_col, n_col = self.hlf_col, self.llf_col, self.n_col
+        cols = [hlf_col] + ([llf_col, n_col] if llf_col else [])
+        out_schema = StructType([StructField("what", StringType()), StructField("n", DoubleType()),
+                                 StructField("mean", ArrayType(DoubleType())),
+                                 StructField("m2", ArrayType(DoubleType()))])
+
+        def partial(batches: Iterator):
+            acc = {"hlf": Moments(0.0, np.zeros(N_HLF), np.zeros(N_HLF)),
+                   "llf": Moments(0.0, np.zeros(N_LLF_FEATURES), np.zeros(N_LLF_FEATURES))}
+            for b in batches:
+                t = pa.Table.from_batches([b])
+                acc["hlf"] = acc["hlf"].merge(Moments.of(_fixed(t.column(hlf_col), N_HLF)))
+                if llf_col:
+                    x = _fixed(t.column(llf_col), LLF_SIZE).reshape(-1, N_PARTICLES, N_LLF_FEATURES)
+                    npart = t.column(n_col).to_numpy()
+                    mask = np.arange(N_PARTICLES)[None, :] < npart[:, None]
+                    acc["llf"] = acc["llf"].merge(Moments.of(x[mask]))
+            rows = [{"what": k, "n": m.n, "mean": m.mean.tolist(), "m2": m.m2.tolist()} for k, m in acc.items()]
+            yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("what", pa.string()), ("n", pa.float64()),
+                                                                     ("mean", pa.list_(pa.float64())),
+                                                                     ("m2", pa.list_(pa.float64()))]))
+
+        res = {"hlf": Moments(0.0, np.zeros(N_HLF), np.zeros(N_HLF)),
+               "llf": Moments(0.0, np.zeros(N_LLF_FEATURES), np.zeros(N_LLF_FEATURES))}
+        for r in df.select(*cols).mapInArrow(partial, out_schema).collect():
+            res[r["what"]] = res[r["what"]].merge(Moments(r["n"], np.asarray(r["mean"]), np.asarray(r["m2"])))
+        h, l_ = res["hlf"], res["llf"]
+        return ScalingModel(h.mean, h.std(), l_.mean, l_.std(), int(h.n), int(l_.n))
+
+
+def load_scaling(path) -> dict:
+    """The raw ``scaling.json`` mapping."""
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,474 @@
+"""The feature stage on Spark (``jobs/features.py``): Delphes events -> ``hlf/``, ``llf/``, ``scaling.json``.
+
+Input, either of:
+
+* an ingested dataset (``jobs/ingest_root.py`` output, recognised by its ``_report.json``): each
+  Parquet part is one work unit, and the report says which ROOT file and entry range it holds,
+  which is what the labels and the per-file counts need; or
+* ROOT files (paths/globs, or no ``input`` at all: the files of ``samples``), planned into
+  entry-range chunks on the driver exactly as the ingestion does and read with uproot in the
+  tasks.
+
+Flow (one chunk per Spark task, ``mapInArrow``):
+
+1. each task reads the :data:`~pipeline.features.delphes.REQUIRED_BRANCHES` of its chunk and
+   runs :func:`~pipeline.features.delphes.compute_features`; it yields the selected events
+   (position in the chunk, entry, label, hlf, llf, n_particles) and one status row per chunk
+   (events read, selected, or the error). The result is persisted (disk) for the passes below;
+2. the driver collects the status rows: files with a failed chunk are dropped and reported;
+   ``sample_id`` = dense index over the selected events in (file, entry) order, so each file
+   holds one contiguous id range (kept in ``report.json``);
+3. split: per class, events are ordered by a seeded hash of their sample_id and the first
+   ``floor(n*test_fraction)`` go to test, the next ``floor(n*val_fraction)`` to val, the rest to
+   train (exact, stratified, reproducible; computed from two thresholds, no join);
+4. optional balancing: in every split each class is cut to the smallest non-empty class of that
+   split, keeping the events with the smallest value of a second seeded hash;
+5. scaling statistics are fitted on the train split (:mod:`pipeline.features.scaling`);
+6. ``hlf/`` and ``llf/`` are written by Spark with Parquet row groups of ``*_row_group_mb``
+   (Petastorm reads row group by row group), checked against ``schemas/hlf`` and ``schemas/llf``.
+
+Bad files (unreadable, no tree, missing branch, no sample label, a chunk failing) are listed
+in ``report.json`` and logged one line each; the good files are written; then the stage raises
+BadInputError unless ``allow_bad_files``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import functools
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..config import StageConfig
+from ..errors import BadInputError, ConfigError
+from ..ingest.root import (SAMPLES_PREFIX, Chunk, FileInfo, _first_line, parse_step_size, plan_chunks,
+                           resolve_files)
+from . import delphes as D
+
+log = logging.getLogger(__name__)
+
+CLASS_LABELS = {"qcd": 0, "ttbar": 1, "tt": 1, "wjets": 2, "w+jets": 2}
+
+
+class SampleSpec(BaseModel):
+    """One physics sample: a label and the files (paths/globs) that belong to it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., description="sample name (free text, e.g. ttbar)")
+    label: int = Field(..., ge=0, le=2, description="class label: QCD=0, ttbar=1, W+jets=2 (or the class name)")
+    files: list[str] = Field(..., min_length=1, description="paths/globs of this sample's ROOT files")
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label(cls, v):
+        if isinstance(v, str) and not v.strip().isdigit():
+            key = v.strip().lower()
+            if key not in CLASS_LABELS:
+                raise ValueError(f"unknown class {v!r} (use 0/1/2 or qcd/ttbar/wjets)")
+            return CLASS_LABELS[key]
+        return v
+
+
+class FeaturesConfig(StageConfig):
+    """Settings of ``jobs/features.py``."""
+
+    input: Optional[Union[str, list[str]]] = Field(
+        None, description="ingested dataset dir(s) (ingest_root output) or ROOT paths/globs; "
+                          "default: the files of samples")
+    samples: list[SampleSpec] = Field(..., min_length=1, description="label of each file: the first sample "
+                                      "with a matching path/glob (QCD=0, ttbar=1, W+jets=2)")
+    tree: str = Field("Delphes", description="TTree name when reading ROOT files")
+    output: str = Field("runs/hep/features", description="output dir: hlf/, llf/, scaling.json, report.json")
+    step_size: Union[int, str] = Field("50 MB", description="ROOT chunk size (entries or '50 MB'); one task each")
+    test_fraction: float = Field(0.2, ge=0, lt=1, description="fraction of each class in the test split")
+    val_fraction: float = Field(0.1, ge=0, lt=1, description="fraction of each class in the val split")
+    seed: int = Field(42, description="seed of the split and of the class balancing")
+    balance_classes: bool = Field(False, description="undersample every split to its smallest non-empty class")
+    allow_bad_files: bool = Field(False, description="exit 0 even if some files could not be used")
+    hlf_row_group_mb: int = Field(8, gt=0, description="Parquet row group size of hlf/ [MiB]")
+    llf_row_group_mb: int = Field(32, gt=0, description="Parquet row group size of llf/ [MiB]")
+    file_mb: int = Field(256, gt=0, description="target Parquet file size [MiB] (sets the number of files)")
+    schema_dir: Optional[str] = Field(None, description="schemas folder (default: the repository's schemas/)")
+
+    @field_validator("step_size")
+    @classmethod
+    def _step(cls, v):
+        parse_step_size(v)
+        return v
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        if self.test_fraction + self.val_fraction >= 1:
+            raise ValueError(f"test_fraction + val_fraction = {self.test_fraction + self.val_fraction} must be < 1")
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# inputs and labels
+# --------------------------------------------------------------------------------------------
+
+def _expand_pattern(p: str) -> str:
+    if p.startswith(SAMPLES_PREFIX):
+        from ..samples import coffea_samples
+        return str(coffea_samples() / p[len(SAMPLES_PREFIX):])
+    if "://" in p:
+        return p
+    p = os.path.expandvars(os.path.expanduser(p))
+    return os.path.abspath(p) if (os.sep in p or os.path.exists(p)) and not p.startswith("*") else p
+
+
+def label_of(path: str, samples: list[SampleSpec]) -> Optional[int]:
+    """The label of the first sample with a pattern matching ``path`` (full path or file name)."""
+    base = os.path.basename(path)
+    for s in samples:
+        for pat in s.files:
+            pe = _expand_pattern(pat)
+            if path == pe or fnmatch.fnmatch(path, pe) or fnmatch.fnmatch(base, pe):
+                return s.label
+    return None
+
+
+def _is_ingested(p: str) -> bool:
+    return os.path.isdir(os.path.expanduser(p)) and os.path.isfile(os.path.join(os.path.expanduser(p), "_report.json"))
+
+
+def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[int, int], list[str]]:
+    """(source files, work units, file_index -> label, notes). Bad files carry ``error``."""
+    from ..outputs import read_json
+
+    required = list(D.REQUIRED_BRANCHES)
+    files: list[FileInfo] = []
+    units: list[Chunk] = []
+    notes: list[str] = []
+    if cfg.input is None:
+        raw: list[str] = []
+        for s in cfg.samples:
+            raw.extend(s.files)
+    else:
+        raw = [cfg.input] if isinstance(cfg.input, str) else list(cfg.input)
+    ingested = [p for p in raw if _is_ingested(p)]
+    roots = [p for p in raw if p not in ingested]
+    for d in ingested:
+        d = os.path.abspath(os.path.expanduser(d))
+        rep = read_json(os.path.join(d, "_report.json"))
+        have = set(rep.get("branches", []))
+        lacking = [b for b in required if b not in have]
+        if lacking:
+            raise BadInputError(f"{d}: ingested dataset lacks column {lacking[0]!r} (ingest the branches of "
+                                "pipeline.features.delphes.REQUIRED_BRANCHES)")
+        for f in rep["files"]:
+            if f.get("error"):
+                notes.append(f"{f['file']}: skipped, ingestion failed: {f['error']}")
+                continue
+            info = FileInfo(len(files), f["file"], entries=int(f["entries"]))
+            files.append(info)
+            for part in f["parts"]:
+                units.append(Chunk(len(units), info.file_index, os.path.join(d, part["part"]), "",
+                                   int(part["entry_start"]), int(part["entry_stop"])))
+                info.chunks += 1
+    if roots:
+        paths = resolve_files(roots)
+        plan = plan_chunks(paths, cfg.tree, required, cfg.step_size)
+        offset = len(files)
+        for f in plan.files:
+            files.append(FileInfo(offset + f.file_index, f.path, f.entries, f.chunks, f.error))
+        for c in plan.chunks:
+            units.append(Chunk(len(units), offset + c.file_index, c.path, c.tree, c.entry_start, c.entry_stop))
+    labels: dict[int, int] = {}
+    for f in files:
+        lab = label_of(f.path, cfg.samples)
+        if lab is None and not f.error:
+            f.error = "no sample label: the path matches none of samples[].files"
+            log.warning("bad input file %s: %s", f.path, f.error)
+        labels[f.file_index] = -1 if lab is None else lab
+    bad = {f.file_index for f in files if f.error}
+    units = [u for u in units if u.file_index not in bad]
+    units = [Chunk(i, u.file_index, u.path, u.tree, u.entry_start, u.entry_stop) for i, u in enumerate(units)]
+    return files, units, labels, notes
+
+
+# --------------------------------------------------------------------------------------------
+# the Spark task
+# --------------------------------------------------------------------------------------------
+
+def _read_unit(path: str, tree: str, a: int, b: int):
+    """The REQUIRED_BRANCHES of one unit as an awkward record array."""
+    import awkward as ak
+
+    if not tree:   # an ingested Parquet part
+        import pyarrow.parquet as pq
+        return ak.from_arrow(pq.read_table(path, columns=list(D.REQUIRED_BRANCHES)))
+    from ..ingest.root import read_chunk
+    return read_chunk(path, tree, list(D.REQUIRED_BRANCHES), a, b)
+
+
+def _spark_schema():
+    from pyspark.sql.types import (ArrayType, FloatType, IntegerType, LongType, StringType, StructField,
+                                   StructType)
+    return StructType([
+        StructField("chunk_id", IntegerType()), StructField("kind", IntegerType()),
+        StructField("pos", IntegerType()), StructField("entry", LongType()), StructField("label", LongType()),
+        StructField("hlf", ArrayType(FloatType())), StructField("llf", ArrayType(FloatType())),
+        StructField("n_particles", IntegerType()), StructField("n_read", LongType()),
+        StructField("n_selected", LongType()), StructField("error", StringType())])
+
+
+def _arrow_schema():
+    import pyarrow as pa
+    return pa.schema([("chunk_id", pa.int32()), ("kind", pa.int32()), ("pos", pa.int32()), ("entry", pa.int64()),
+                      ("label", pa.int64()), ("hlf", pa.list_(pa.float32())), ("llf", pa.list_(pa.float32())),
+                      ("n_particles", pa.int32()), ("n_read", pa.int64()), ("n_selected", pa.int64()),
+                      ("error", pa.string())])
+
+
+def _lists(x: np.ndarray):
+    import pyarrow as pa
+    n, w = x.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * w, pa.int32()),
+                                    pa.array(np.ascontiguousarray(x, np.float32).reshape(-1), pa.float32()))
+
+
+def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int = 256) -> Iterator:
+    import pyarrow as pa
+
+    schema = _arrow_schema()
+    for batch in batches:
+        d = batch.to_pydict()
+        for cid, fi, path, tree, a, b in zip(d["chunk_id"], d["file_index"], d["path"], d["tree"],
+                                             d["entry_start"], d["entry_stop"]):
+            err, n_read, n_sel = None, 0, 0
+            try:
+                block = D.compute_features(_read_unit(path, tree, a, b))
+                n_read, n_sel = block.n_read, len(block.index)
+                for s in range(0, n_sel, rows_per_batch):
+                    sl = slice(s, min(s + rows_per_batch, n_sel))
+                    k = sl.stop - sl.start
+                    yield pa.RecordBatch.from_arrays([
+                        pa.array([cid] * k, pa.int32()), pa.array([0] * k, pa.int32()),
+                        pa.array(np.arange(sl.start, sl.stop, dtype=np.int32)),
+                        pa.array(block.index[sl].astype(np.int64) + a, pa.int64()),
+                        pa.array([labels[fi]] * k, pa.int64()), _lists(block.hlf[sl]), _lists(block.llf[sl]),
+                        pa.array(block.n_particles[sl], pa.int32()), pa.nulls(k, pa.int64()),
+                        pa.nulls(k, pa.int64()), pa.nulls(k, pa.string())], schema=schema)
+            except Exception as e:  # noqa: BLE001 - the driver reports the file
+                err = f"{type(e).__name__}: {_first_line(e)}" if not isinstance(e, BadInputError) else str(e)
+                n_sel = 0
+            yield pa.RecordBatch.from_pylist([{"chunk_id": cid, "kind": 1, "n_read": n_read, "n_selected": n_sel,
+                                               "error": err}], schema=schema)
+
+
+# --------------------------------------------------------------------------------------------
+# the stage
+# --------------------------------------------------------------------------------------------
+
+def plan_features(cfg: FeaturesConfig) -> dict:
+    """--dry-run: inputs and outputs (Spark is not started)."""
+    out = Path(cfg.output).expanduser().absolute()
+    raw = cfg.input if cfg.input is not None else [f for s in cfg.samples for f in s.files]
+    return {"inputs": raw, "samples": [s.model_dump() for s in cfg.samples],
+            "required_branches": list(D.REQUIRED_BRANCHES),
+            "outputs": {"hlf": str(out / "hlf"), "llf": str(out / "llf"), "scaling": str(out / "scaling.json"),
+                        "report": str(out / "report.json")}}
+
+
+def _hash_unit(col, seed: int, salt: str):
+    """Uniform [0, 1) from a seeded 64-bit hash of ``col`` (Spark xxhash64, reproducible)."""
+    from pyspark.sql import functions as F
+    mask = (1 << 53) - 1
+    return F.xxhash64(F.lit(int(seed)), F.lit(salt), col).bitwiseAND(F.lit(mask)).cast("double") / float(1 << 53)
+
+
+def _thresholds(df, part_cols: list[str], order_col: str, wanted: dict) -> dict:
+    """{group: {rank: value of order_col at that 1-based rank}} for the ranks in ``wanted[group]``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ranks = sorted({r for rs in wanted.values() for r in rs if r > 0})
+    if not ranks:
+        return {}
+    w = Window.partitionBy(*part_cols).orderBy(order_col)
+    rows = (df.select(*part_cols, order_col).withColumn("_rn", F.row_number().over(w))
+            .filter(F.col("_rn").isin(ranks)).collect())
+    out: dict = {}
+    for r in rows:
+        key = tuple(r[c] for c in part_cols)
+        key = key[0] if len(key) == 1 else key
+        if r["_rn"] in wanted.get(key, ()):
+            out.setdefault(key, {})[r["_rn"]] = r[order_col]
+    return out
+
+
+def build_features(cfg: FeaturesConfig, spark=None) -> dict:
+    """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
+    "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from ..outputs import atomic_output_dir, uri, write_json
+    from ..schemas import SCHEMA_DIR, load_schema, validate_parquet
+    from ..spark import get_spark
+    from ..ingest.root import chunks_dataframe
+    from .scaling import FeatureScaler
+
+    t_start = time.time()
+    schema_dir = Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR
+    hlf_schema, llf_schema = load_schema("hlf", 1, schema_dir), load_schema("llf", 1, schema_dir)
+    files, units, labels, notes = plan_units(cfg)
+    for n in notes:
+        log.info("%s", n)
+    if not [f for f in files if not f.error]:
+        first = files[0] if files else None
+        raise BadInputError(f"no input file could be used; {first.path}: {first.error}" if first
+                            else "no input files")
+    spark = spark or get_spark(cfg.spark)
+    out = Path(cfg.output).expanduser().absolute()
+    log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
+    with atomic_output_dir(out) as tmp:
+        feat = None
+        statuses = []
+        if units:
+            fn = functools.partial(_feature_partition, labels=labels)
+            feat = chunks_dataframe(spark, units).mapInArrow(fn, _spark_schema()).persist(StorageLevel.DISK_ONLY)
+            statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
+                        .select("chunk_id", "n_read", "n_selected", "error").collect()]
+        st = {s["chunk_id"]: s for s in statuses}
+        unit_file = {u.chunk_id: u.file_index for u in units}
+        for u in units:   # a failed chunk makes its whole file bad
+            s = st.get(u.chunk_id)
+            f = files[u.file_index]
+            if s and s["error"] and not f.error:
+                f.error = s["error"]
+                log.warning("bad input file %s: %s", f.path, f.error)
+        bad = {f.file_index for f in files if f.error}
+        offsets, next_id = {}, 0
+        first_id: dict[int, int] = {}
+        for u in units:   # units are in (file, entry) order
+            if u.file_index in bad:
+                continue
+            offsets[u.chunk_id] = next_id
+            first_id.setdefault(u.file_index, next_id)
+            next_id += int(st[u.chunk_id]["n_selected"])
+        per_label = {lab: 0 for lab in (0, 1, 2)}
+        sel_file = {f.file_index: 0 for f in files}
+        read_file = {f.file_index: 0 for f in files}
+        for cid, s in st.items():
+            fi = unit_file[cid]
+            read_file[fi] += int(s["n_read"] or 0)
+            if fi not in bad:
+                sel_file[fi] += int(s["n_selected"])
+                per_label[labels[fi]] += int(s["n_selected"])
+
+        from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+        off_df = spark.createDataFrame(list(offsets.items()) or [(-1, 0)],
+                                       StructType([StructField("chunk_id", IntegerType()),
+                                                   StructField("offset", LongType())]))
+        if feat is not None:
+            events = (feat.filter(F.col("kind") == 0).join(F.broadcast(off_df), "chunk_id")
+                      .withColumn("sample_id", F.col("offset") + F.col("pos")))
+        else:
+            events = spark.createDataFrame([], _spark_schema()).withColumn("sample_id", F.lit(0).cast("long"))
+        events = events.withColumn("_u", _hash_unit(F.col("sample_id"), cfg.seed, "split"))
+        events = events.withColumn("_v", _hash_unit(F.col("sample_id"), cfg.seed, "balance"))
+
+        # split: exact per-class counts from two thresholds of the seeded hash
+        n_test = {lab: int(math.floor(n * cfg.test_fraction)) for lab, n in per_label.items()}
+        n_val = {lab: int(math.floor(n * cfg.val_fraction)) for lab, n in per_label.items()}
+        thr = _thresholds(events, ["label"], "_u", {lab: {n_test[lab], n_test[lab] + n_val[lab]} for lab in per_label})
+        split = F.lit("train")
+        conds = []
+        for lab in per_label:
+            t_test = thr.get(lab, {}).get(n_test[lab], -1.0) if n_test[lab] else -1.0
+            t_val = thr.get(lab, {}).get(n_test[lab] + n_val[lab], -1.0) if n_val[lab] else t_test
+            conds.append((lab, t_test, t_val))
+        expr = None
+        for lab, t_test, t_val in conds:
+            c_test = (F.col("label") == lab) & (F.col("_u") <= t_test)
+            c_val = (F.col("label") == lab) & (F.col("_u") <= t_val)
+            expr = (F.when(c_test, "test") if expr is None else expr.when(c_test, "test")).when(c_val, "val")
+        events = events.withColumn("split", expr.otherwise(split) if expr is not None else split)
+        counts = {}
+        for lab, n in per_label.items():
+            counts[("test", lab)] = n_test[lab]
+            counts[("val", lab)] = n_val[lab]
+            counts[("train", lab)] = n - n_test[lab] - n_val[lab]
+
+        if cfg.balance_classes:
+            keep: dict = {}
+            for s in ("train", "val", "test"):
+                present = [counts[(s, lab)] for lab in per_label if counts[(s, lab)] > 0]
+                m = min(present) if present else 0
+                for lab in per_label:
+                    if counts[(s, lab)] > m:
+                        keep[(s, lab)] = m
+            thr_b = _thresholds(events, ["split", "label"], "_v", {k: {v} for k, v in keep.items()})
+            cond = F.lit(True)
+            for (s, lab), m in keep.items():
+                tv = thr_b.get((s, lab), {}).get(m, -1.0) if m else -1.0
+                cond = cond & ~((F.col("split") == s) & (F.col("label") == lab) & (F.col("_v") > tv))
+                counts[(s, lab)] = m
+            events = events.filter(cond)
+
+        final = events.select("sample_id", "label", "split", "hlf", "llf", "n_particles", "chunk_id")
+        n_written = sum(counts.values())
+        written = final.groupBy("chunk_id", "split").count().collect()
+        wr_file = {f.file_index: 0 for f in files}
+        split_counts = {"train": 0, "val": 0, "test": 0}
+        for r in written:
+            wr_file[unit_file[r["chunk_id"]]] += r["count"]
+            split_counts[r["split"]] += r["count"]
+
+        model = FeatureScaler().fit(final.filter(F.col("split") == "train"))
+        model.save(tmp / "scaling.json")
+
+        llf_bytes = n_written * (D.LLF_SIZE + D.N_HLF) * 4
+        n_llf_files = max(1, math.ceil(llf_bytes / (cfg.file_mb << 20)))
+        n_hlf_files = max(1, math.ceil(n_written * D.N_HLF * 4 / (cfg.file_mb << 20)))
+        _write(final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files, cfg.hlf_row_group_mb)
+        _write(final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"), tmp / "llf",
+               n_llf_files, cfg.llf_row_group_mb)
+        validate_parquet(tmp / "hlf", hlf_schema)
+        validate_parquet(tmp / "llf", llf_schema)
+        if feat is not None:
+            feat.unpersist()
+
+        per_file = []
+        for f in files:
+            per_file.append({"file": f.path, "label": labels.get(f.file_index), "events_read": read_file[f.file_index],
+                             "selected": 0 if f.error else sel_file[f.file_index],
+                             "written": 0 if f.error else wr_file[f.file_index],
+                             "sample_ids": ([first_id[f.file_index], first_id[f.file_index] + sel_file[f.file_index] - 1]
+                                            if f.file_index in first_id and sel_file[f.file_index] else None),
+                             "error": f.error})
+        report = {"job": "features", "files": per_file,
+                  "bad_files": [{"file": p["file"], "reason": p["error"]} for p in per_file if p["error"]],
+                  "notes": notes, "splits": split_counts,
+                  "classes": {str(lab): {s: counts[(s, lab)] for s in ("train", "val", "test")} for lab in per_label},
+                  "seed": cfg.seed, "balance_classes": cfg.balance_classes,
+                  "hlf": str(out / "hlf"), "llf": str(out / "llf"), "scaling": str(out / "scaling.json"),
+                  "report": str(out / "report.json"), "hlf_names": D.HLF_NAMES, "llf_names": D.LLF_NAMES,
+                  "seconds": round(time.time() - t_start, 3)}
+        write_json(tmp / "report.json", report)
+    for p in per_file:
+        state = f" FAILED: {p['error']}" if p["error"] else ""
+        print(f"{p['file']}: {p['events_read']} events read, {p['selected']} selected, {p['written']} written{state}")
+    log.info("features: %d events written (train %d, val %d, test %d) -> %s", n_written, split_counts["train"],
+             split_counts["val"], split_counts["test"], out)
+    if report["bad_files"] and not cfg.allow_bad_files:
+        b = report["bad_files"][0]
+        raise BadInputError(f"{len(report['bad_files'])} of {len(files)} input file(s) failed (see "
+                            f"{out}/report.json); {b['file']}: {b['reason']}")
+    return report
+
+
+def _write(df, path: Path, n_files: int, row_group_mb: int) -> None:
+    from ..outputs import uri
+    (df.coalesce(n_files).write.mode("overwrite")
+     .option("parquet.block.size", str(row_group_mb << 20))
+     .option("parquet.block.size.row.check.min", "10")
+     .parquet(uri(path)))

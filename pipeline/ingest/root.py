@@ -1,0 +1,558 @@
+"""Any TTree -> Parquet on Spark (``jobs/ingest_root.py``).
+
+Design
+------
+1. **Plan on the driver.** ``resolve_files`` expands the inputs (paths, globs, ``samples:NAME``
+   for the cached coffea sample files, ``root://`` URLs when fsspec-xrootd is installed).
+   ``plan_chunks`` opens each file's tree metadata with uproot, resolves the branch selection
+   (uproot ``filter_name`` semantics: exact names, globs, ``/regex/``) and cuts the entries into
+   ranges of about ``step_size`` (``"100 MB"`` of uncompressed branch data, or a number of
+   entries), snapped to the basket clusters shared by the selected branches so no basket is
+   decompressed twice. A file that cannot be opened, lacks the tree or lacks a requested branch
+   becomes a :class:`BadFile` (file, reason); an empty tree gives no chunk.
+2. **Derive the schema once.** The Arrow schema is read from the first good file (a zero-entry
+   read): jagged branches are ``list<T>``, fixed-size arrays (``float[5]``) ``fixed_size_list``,
+   unsigned types stay unsigned. Branches matched by a pattern whose type has no Parquet form
+   here (ROOT objects such as ``TRef``/``TLorentzVector``) are skipped with one log line; asking
+   for such a branch by its exact name is an error.
+3. **Read in Spark tasks.** The chunk descriptors become a DataFrame (one chunk per partition)
+   and ``mapInArrow`` runs :func:`_ingest_partition` in the executors: uproot reads the entry
+   range into awkward arrays, ``ak.to_arrow_table(..., extensionarray=False)`` makes plain Arrow,
+   and the task writes ``part-<chunk>.parquet`` itself with pyarrow, returning one status row
+   per chunk. Writing in the task keeps the exact Arrow types (Spark's Arrow bridge has no
+   unsigned integers or fixed-size lists) and avoids a JVM round trip of the data; it needs an
+   output directory that driver and executors share (local mode, or a shared mount).
+4. **Commit.** Parts of files that failed while being read are removed; the output directory
+   (``atomic_output_dir``) gets ``_report.json`` (per file: entries, rows, parts, or the reason it
+   failed) and ``_schema.json``; the schema is registered as ``schemas/root/<tree>/vN.json``.
+   If any file failed the function raises :class:`BadInputError` after committing the good
+   files, unless ``allow_bad_files`` is set.
+
+The planning helpers (:func:`resolve_files`, :func:`plan_chunks`, :func:`chunks_dataframe`) are
+reused by the Delphes feature stage.
+"""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, Union
+
+from pydantic import Field, field_validator
+
+from ..config import StageConfig
+from ..errors import BadInputError, ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Columns of the chunk-descriptor DataFrame handed to the Spark tasks.
+CHUNK_COLUMNS = ("chunk_id", "file_index", "path", "tree", "entry_start", "entry_stop")
+SAMPLES_PREFIX = "samples:"
+
+
+class IngestRootConfig(StageConfig):
+    """Settings of ``jobs/ingest_root.py`` (uproot-like names)."""
+
+    input: Union[str, list[str]] = Field(..., description="ROOT files: paths, globs, root:// URLs or "
+                                         "samples:NAME (coffea sample files); a list or one string")
+    tree: str = Field("Events", description="TTree name (path inside the file, e.g. 'Delphes')")
+    filter_name: list[str] = Field(default_factory=lambda: ["*"],
+                                   description="branches: exact names, globs or /regex/ (uproot filter_name)")
+    output: str = Field("runs/root/events", description="output Parquet directory (replaced atomically)")
+    step_size: Union[int, str] = Field("100 MB", description="chunk size: entries (int) or uncompressed "
+                                       "size such as '100 MB'; one Spark task per chunk")
+    entry_start: Optional[int] = Field(None, ge=0, description="first entry of every file (default 0)")
+    entry_stop: Optional[int] = Field(None, ge=0, description="stop entry of every file (default: all)")
+    allow_bad_files: bool = Field(False, description="exit 0 even if some files could not be ingested")
+    schema_name: Optional[str] = Field(None, description="name under schemas/ (default root/<tree>)")
+    schema_dir: Optional[str] = Field(None, description="schemas folder (default: the repository's schemas/)")
+    row_group_rows: Optional[int] = Field(None, gt=0, description="Parquet row group rows (default: one per chunk)")
+
+    @field_validator("input")
+    @classmethod
+    def _nonempty(cls, v):
+        items = [v] if isinstance(v, str) else list(v)
+        if not items or any(not str(x).strip() for x in items):
+            raise ValueError("needs at least one non-empty path or glob")
+        return v
+
+    @field_validator("step_size")
+    @classmethod
+    def _step(cls, v):
+        parse_step_size(v)
+        return v
+
+
+# --------------------------------------------------------------------------------------------
+# planning (driver)
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Chunk:
+    chunk_id: int
+    file_index: int
+    path: str
+    tree: str
+    entry_start: int
+    entry_stop: int
+
+
+@dataclass
+class FileInfo:
+    file_index: int
+    path: str
+    entries: int = 0
+    chunks: int = 0
+    error: Optional[str] = None
+
+
+@dataclass
+class BadFile:
+    path: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    files: list[FileInfo]
+    chunks: list[Chunk]
+    branches: list[str] = field(default_factory=list)   # resolved on the first good file
+
+    @property
+    def bad(self) -> list[BadFile]:
+        return [BadFile(f.path, f.error) for f in self.files if f.error]
+
+
+_UNITS = {"b": 1, "kb": 1024, "mb": 1024 ** 2, "gb": 1024 ** 3}
+
+
+def parse_step_size(v: Union[int, str]) -> tuple[str, int]:
+    """``1000`` -> ('entries', 1000); ``"100 MB"`` -> ('bytes', 104857600)."""
+    if isinstance(v, bool):
+        raise ValueError(f"step_size {v!r}: expected entries or a size like '100 MB'")
+    if isinstance(v, int):
+        if v <= 0:
+            raise ValueError(f"step_size {v!r} must be > 0")
+        return "entries", v
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgG]?[bB])\s*", str(v))
+    if not m:
+        if str(v).strip().isdigit():
+            return parse_step_size(int(str(v).strip()))
+        raise ValueError(f"step_size {v!r}: expected entries or a size like '100 MB'")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"step_size {v!r} must be > 0")
+    return "bytes", n
+
+
+def _as_list(v: Union[str, Iterable[str]]) -> list[str]:
+    if isinstance(v, str):
+        return [s.strip() for s in v.split(",")] if "," in v and "://" not in v else [v]
+    return [str(x) for x in v]
+
+
+def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
+    """Expand paths/globs (sorted, de-duplicated, order of the patterns kept).
+
+    ``samples:NAME`` is a file of the cached coffea samples (:func:`pipeline.samples.coffea_samples`);
+    URLs (``root://...``) are passed through. A plain path that does not exist is kept (it is
+    reported as a bad file later); a glob that matches nothing is a :class:`ConfigError`.
+    """
+    out: list[str] = []
+    for item in _as_list(inputs):
+        item = item.strip()
+        if item.startswith(SAMPLES_PREFIX):
+            from ..samples import coffea_samples
+            item = str(coffea_samples() / item[len(SAMPLES_PREFIX):])
+        if "://" in item and not item.startswith("file://"):
+            out.append(item)
+            continue
+        if item.startswith("file://"):
+            item = item[len("file://"):]
+        item = os.path.expandvars(os.path.expanduser(item))
+        if glob.has_magic(item):
+            hits = sorted(glob.glob(item, recursive=True))
+            if not hits:
+                raise ConfigError(f"input pattern matches no file: {item}")
+            out.extend(os.path.abspath(h) for h in hits)
+        else:
+            out.append(os.path.abspath(item))
+    seen, uniq = set(), []
+    for p in out:
+        if p not in seen:
+            seen.add(p)
+            uniq.append(p)
+    if not uniq:
+        raise ConfigError("no input files given")
+    return uniq
+
+
+def _match(patterns: list[str], names: list[str]) -> tuple[list[str], list[str]]:
+    """(matched names in tree order, exact names that are missing)."""
+    chosen: set[str] = set()
+    missing = []
+    name_set = set(names)
+    for pat in patterns:
+        if pat in name_set:                       # exact names first: "Jet.FracPt[5]" is not a glob
+            chosen.add(pat)
+        elif len(pat) > 1 and pat.startswith("/") and pat.endswith("/"):
+            rx = re.compile(pat[1:-1])
+            chosen.update(n for n in names if rx.search(n))
+        elif glob.has_magic(pat):
+            chosen.update(fnmatch.filter(names, pat))
+        else:
+            missing.append(pat)
+    return [n for n in names if n in chosen], missing
+
+
+def _is_exact(patterns: list[str], name: str) -> bool:
+    return name in patterns
+
+
+def open_tree(path: str, tree: str):
+    """Open ``path`` and return the TTree, or raise BadInputError(reason)."""
+    import uproot
+
+    try:
+        f = uproot.open(path)
+    except FileNotFoundError:
+        raise BadInputError("cannot open file: no such file") from None
+    except Exception as e:  # uproot raises many types for a corrupt file
+        raise BadInputError(f"cannot open file: {type(e).__name__}: {_first_line(e)}") from None
+    try:
+        t = f[tree]
+    except Exception as e:
+        raise BadInputError(f"no tree {tree!r} in the file ({_first_line(e)})") from None
+    if not hasattr(t, "num_entries") or not hasattr(t, "arrays"):
+        raise BadInputError(f"{tree!r} is a {type(t).__name__}, not a TTree")
+    return t
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _leaf_names(t) -> list[str]:
+    """Branch names without their parent's path (``Electron.PT``, not ``Electron/Electron.PT``)."""
+    return list(t.keys(recursive=True, full_paths=False))
+
+
+def _branch_bytes_per_entry(t, branches: list[str]) -> float:
+    n = max(t.num_entries, 1)
+    total = 0
+    for b in branches:
+        try:
+            total += t[b].uncompressed_bytes
+        except Exception:  # noqa: BLE001 - an estimate only
+            pass
+    return total / n
+
+
+def _ranges(t, branches: list[str], mode: str, size: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Entry ranges of about ``size`` (entries or bytes), snapped to shared basket boundaries."""
+    if stop <= start:
+        return []
+    if mode == "entries":
+        target = size
+    else:
+        target = max(1, int(size // max(_branch_bytes_per_entry(t, branches), 1.0)))
+    try:
+        bounds = [int(x) for x in t.common_entry_offsets(filter_name=branches) if start < x < stop]
+    except Exception:  # noqa: BLE001 - fall back to plain ranges
+        bounds = []
+    cuts = [start]
+    for b in bounds:
+        if b - cuts[-1] >= target:
+            cuts.append(b)
+    if cuts[-1] != stop:
+        cuts.append(stop)
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        k = max(1, -(-(b - a) // target)) if (b - a) > 2 * target else 1   # split oversize clusters
+        edges = [a + (b - a) * i // k for i in range(k + 1)]
+        out.extend((x, y) for x, y in zip(edges[:-1], edges[1:]) if y > x)
+    return out
+
+
+def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: Union[int, str] = "100 MB",
+                entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
+                progress: bool = True) -> Plan:
+    """Open each file's tree metadata and cut it into chunks; bad files are recorded, not raised."""
+    mode, size = parse_step_size(step_size)
+    infos: list[FileInfo] = []
+    chunks: list[Chunk] = []
+    resolved: Optional[list[str]] = None
+    it: Iterable = enumerate(files)
+    if progress and len(files) > 3:
+        from tqdm import tqdm
+        it = tqdm(it, total=len(files), desc="planning ROOT chunks", unit="file", leave=False)
+    for i, path in it:
+        info = FileInfo(i, path)
+        infos.append(info)
+        try:
+            t = open_tree(path, tree)
+            names = _leaf_names(t)
+            matched, missing = _match(filter_name, names)
+            if missing:
+                raise BadInputError(f"missing branch {missing[0]!r} in tree {tree!r}")
+            if not matched:
+                raise BadInputError(f"no branch of tree {tree!r} matches {filter_name}")
+            if resolved is None:
+                resolved = _supported(t, matched, filter_name)
+            else:
+                absent = [b for b in resolved if b not in set(matched)]
+                if absent:
+                    raise BadInputError(f"missing branch {absent[0]!r} in tree {tree!r}")
+            n = int(t.num_entries)
+            a = min(entry_start or 0, n)
+            b = n if entry_stop is None else min(entry_stop, n)
+            info.entries = max(0, b - a)
+            for x, y in _ranges(t, resolved, mode, size, a, b):
+                chunks.append(Chunk(len(chunks), i, path, tree, x, y))
+                info.chunks += 1
+        except BadInputError as e:
+            info.error = str(e)
+            log.warning("bad input file %s: %s", path, info.error)
+        except Exception as e:  # noqa: BLE001 - a broken file must not stop the others
+            info.error = f"{type(e).__name__}: {_first_line(e)}"
+            log.warning("bad input file %s: %s", path, info.error)
+    return Plan(infos, chunks, resolved or [])
+
+
+def _supported(t, matched: list[str], patterns: list[str]) -> list[str]:
+    """Drop branches that are containers (have sub-branches) or ROOT objects with no Parquet form."""
+    from uproot.interpretation.jagged import AsJagged
+    from uproot.interpretation.numerical import AsDtype
+    from uproot.interpretation.strings import AsStrings
+
+    keep, skipped = [], []
+    for name in matched:
+        br = t[name]
+        interp = br.interpretation
+        inner = interp.content if isinstance(interp, AsJagged) else interp
+        ok = (isinstance(inner, AsDtype) and inner.from_dtype.names is None) or isinstance(inner, AsStrings)
+        if ok and not (len(br.branches) and not _is_exact(patterns, name)):
+            keep.append(name)
+        elif _is_exact(patterns, name):
+            raise BadInputError(f"branch {name!r} has type {br.typename}, which has no Parquet column form here")
+        else:
+            skipped.append(name)
+    if skipped:
+        log.info("skipping %d branch(es) with ROOT object types (e.g. %s)", len(skipped), ", ".join(skipped[:3]))
+    if not keep:
+        raise BadInputError(f"no branch of a supported type matches {patterns}")
+    return keep
+
+
+def arrow_schema(t, branches: list[str]):
+    """The Arrow schema of ``branches`` as the tasks write them (a zero-entry read)."""
+    arr = t.arrays(branches, entry_start=0, entry_stop=0, library="ak")
+    return to_arrow(arr).schema
+
+
+def to_arrow(arr):
+    """awkward record array -> pyarrow Table with plain (non-extension) types and 32-bit offsets."""
+    import awkward as ak
+
+    table = ak.to_arrow_table(arr, extensionarray=False, list_to32=True, string_to32=True)
+    return table.replace_schema_metadata(None)
+
+
+def chunks_dataframe(spark, chunks: list[Chunk]):
+    """A DataFrame of chunk descriptors, one chunk per partition (so Spark balances the chunks)."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("chunk_id", IntegerType(), False), StructField("file_index", IntegerType(), False),
+                         StructField("path", StringType(), False), StructField("tree", StringType(), False),
+                         StructField("entry_start", LongType(), False), StructField("entry_stop", LongType(), False)])
+    rows = [(c.chunk_id, c.file_index, c.path, c.tree, c.entry_start, c.entry_stop) for c in chunks]
+    rdd = spark.sparkContext.parallelize(rows, numSlices=max(1, len(rows)))
+    return spark.createDataFrame(rdd, schema)
+
+
+# --------------------------------------------------------------------------------------------
+# the Spark task
+# --------------------------------------------------------------------------------------------
+
+_OPEN: dict = {}
+
+
+def cached_tree(path: str, tree: str):
+    """The last opened tree of this Python worker (chunks of one file often share a worker)."""
+    key = (path, tree)
+    if key not in _OPEN:
+        _OPEN.clear()
+        _OPEN[key] = open_tree(path, tree)
+    return _OPEN[key]
+
+
+def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entry_stop: int):
+    """uproot -> awkward record array of one entry range."""
+    t = cached_tree(path, tree)
+    return t.arrays(branches, entry_start=entry_start, entry_stop=entry_stop, library="ak")
+
+
+STATUS_FIELDS = [("chunk_id", "int32"), ("file_index", "int32"), ("rows", "int64"), ("bytes", "int64"),
+                 ("seconds", "float64"), ("part", "string"), ("error", "string")]
+
+
+def _status_spark_schema():
+    from pyspark.sql.types import (DoubleType, IntegerType, LongType, StringType, StructField,
+                                   StructType)
+    m = {"int32": IntegerType(), "int64": LongType(), "float64": DoubleType(), "string": StringType()}
+    return StructType([StructField(n, m[t], True) for n, t in STATUS_FIELDS])
+
+
+def _ingest_partition(batches: Iterator, *, branches: list[str], schema, out_dir: str,
+                      row_group_rows: Optional[int]) -> Iterator:
+    """mapInArrow body: read each chunk, write its Parquet part, yield one status row per chunk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for batch in batches:
+        d = batch.to_pydict()
+        rows = []
+        for cid, fi, path, tree, a, b in zip(*(d[c] for c in CHUNK_COLUMNS)):
+            t0 = time.time()
+            part, n, nbytes, err = None, 0, 0, None
+            try:
+                table = to_arrow(read_chunk(path, tree, branches, a, b))
+                if table.schema != schema:
+                    table = _conform(table, schema)
+                n = table.num_rows
+                if n:
+                    part = f"part-{cid:05d}-f{fi:04d}.parquet"
+                    pq.write_table(table, os.path.join(out_dir, part), row_group_size=row_group_rows)
+                    nbytes = os.path.getsize(os.path.join(out_dir, part))
+            except BadInputError as e:
+                err = str(e)
+            except Exception as e:  # noqa: BLE001 - reported per file by the driver
+                err = f"{type(e).__name__}: {_first_line(e)}"
+            rows.append({"chunk_id": cid, "file_index": fi, "rows": n, "bytes": nbytes,
+                         "seconds": time.time() - t0, "part": part, "error": err})
+        yield pa.RecordBatch.from_pylist(rows, schema=pa.schema(STATUS_FIELDS))
+
+
+def _conform(table, schema):
+    """Cast a chunk to the dataset schema or raise BadInputError naming the first differing branch."""
+    for f in schema:
+        i = table.schema.get_field_index(f.name)
+        if i < 0:
+            raise BadInputError(f"missing branch {f.name!r}")
+        got = table.schema.field(i).type
+        if got != f.type:
+            try:
+                table = table.set_column(i, f.name, table.column(i).cast(f.type))
+            except Exception:  # noqa: BLE001
+                raise BadInputError(f"branch {f.name!r} has type {got} here, {f.type} in the first file") from None
+    return table.select(schema.names).cast(schema)
+
+
+# --------------------------------------------------------------------------------------------
+# the stage
+# --------------------------------------------------------------------------------------------
+
+def default_schema_name(tree: str) -> str:
+    return "root/" + re.sub(r"[^A-Za-z0-9_.-]+", "_", tree.strip("/")).lower()
+
+
+def plan_ingest_root(cfg: IngestRootConfig) -> dict:
+    """--dry-run: the resolved inputs and outputs (no file is opened, Spark is not started)."""
+    files = resolve_files(cfg.input)
+    return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
+            "output": str(Path(cfg.output).expanduser().absolute()),
+            "report": str(Path(cfg.output).expanduser().absolute() / "_report.json"),
+            "schema": f"schemas/{cfg.schema_name or default_schema_name(cfg.tree)}/v<N>.json"}
+
+
+def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
+    """Ingest the ROOT files of ``cfg`` into one Parquet directory; returns the run report.
+
+    Raises BadInputError (after committing the good files) if a file failed and
+    ``allow_bad_files`` is false, or if no file could be read at all.
+    """
+    from ..outputs import atomic_output_dir, write_json
+    from ..schemas import SCHEMA_DIR, register_schema
+
+    t_start = time.time()
+    files = resolve_files(cfg.input)
+    log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
+    plan = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop)
+    good = [f for f in plan.files if not f.error]
+    if not good:
+        first = plan.files[0]
+        raise BadInputError(f"no input file could be read; {first.path}: {first.error}")
+    ref = open_tree(good[0].path, cfg.tree)
+    schema = arrow_schema(ref, plan.branches)
+
+    from ..spark import get_spark
+    spark = spark or get_spark(cfg.spark)
+    with atomic_output_dir(cfg.output) as tmp:
+        statuses = []
+        if plan.chunks:
+            log.info("ingest_root: %d chunk(s) of %d file(s), %d branch(es) -> Spark tasks",
+                     len(plan.chunks), len(good), len(plan.branches))
+            import functools
+            fn = functools.partial(_ingest_partition, branches=plan.branches, schema=schema,
+                                   out_dir=str(tmp), row_group_rows=cfg.row_group_rows)
+            df = chunks_dataframe(spark, plan.chunks).mapInArrow(fn, _status_spark_schema())
+            statuses = [r.asDict() for r in df.collect()]
+        per_file = _summarise(plan, statuses, tmp)
+        n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
+        if not any(p.suffix == ".parquet" for p in tmp.iterdir()):
+            import pyarrow.parquet as pq
+            pq.write_table(schema.empty_table(), tmp / "part-empty.parquet")   # readers still see the columns
+        name = cfg.schema_name or default_schema_name(cfg.tree)
+        ds = register_schema(name, schema, description=f"ROOT tree {cfg.tree!r} ingested by jobs/ingest_root.py",
+                             metadata={"tree": cfg.tree, "filter_name": cfg.filter_name},
+                             schema_dir=Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR)
+        report = {"job": "ingest_root", "tree": cfg.tree, "filter_name": cfg.filter_name,
+                  "branches": plan.branches, "schema": {"name": ds.name, "version": ds.version},
+                  "output": str(Path(cfg.output).expanduser().absolute()), "rows": n_rows,
+                  "files": per_file, "bad_files": [{"file": f["file"], "reason": f["error"]}
+                                                   for f in per_file if f.get("error")],
+                  "seconds": round(time.time() - t_start, 3)}
+        write_json(tmp / "_report.json", report)
+        write_json(tmp / "_schema.json", ds.to_json())
+    for f in per_file:
+        if f.get("error"):
+            continue
+        print(f"{f['file']}: {f['entries']} entries read, {f['rows']} rows written in {len(f['parts'])} part(s)")
+    log.info("ingest_root: %d rows from %d good file(s), %d bad -> %s", n_rows,
+             len(per_file) - len(report["bad_files"]), len(report["bad_files"]), report["output"])
+    if report["bad_files"] and not cfg.allow_bad_files:
+        b = report["bad_files"][0]
+        raise BadInputError(f"{len(report['bad_files'])} of {len(files)} input file(s) failed (see "
+                            f"{report['output']}/_report.json); {b['file']}: {b['reason']}")
+    return report
+
+
+def _summarise(plan: Plan, statuses: list[dict], out_dir: Path) -> list[dict]:
+    """Per-file report; the parts of a file that failed in a task are deleted."""
+    by_file: dict[int, list[dict]] = {}
+    for s in statuses:
+        by_file.setdefault(s["file_index"], []).append(s)
+    out = []
+    for f in plan.files:
+        sts = sorted(by_file.get(f.file_index, []), key=lambda s: s["chunk_id"])
+        chunk_of = {c.chunk_id: c for c in plan.chunks if c.file_index == f.file_index}
+        err = f.error or next((s["error"] for s in sts if s["error"]), None)
+        if err and not f.error:
+            log.warning("bad input file %s: %s", f.path, err)
+            for s in sts:
+                if s["part"]:
+                    (out_dir / s["part"]).unlink(missing_ok=True)
+        entry = {"file": f.path, "file_index": f.file_index, "entries": f.entries,
+                 "rows": 0 if err else sum(s["rows"] for s in sts),
+                 "parts": [] if err else [{"part": s["part"], "rows": s["rows"],
+                                           "entry_start": chunk_of[s["chunk_id"]].entry_start,
+                                           "entry_stop": chunk_of[s["chunk_id"]].entry_stop}
+                                          for s in sts if s["part"]],
+                 "error": err}
+        out.append(entry)
+    return out

@@ -1,0 +1,380 @@
+"""Materialise a data-assignment layout: ONE Spark pass writes every worker's Parquet directory.
+
+Input: a Parquet dataset with at least ``sample_id`` (integer, unique) and ``split`` (string)
+columns, e.g. the images dataset or the HEP ``hlf/`` / ``llf/`` datasets. The ``train`` split is
+assigned to workers by :mod:`pipeline.shards.schemes`; every other split is copied unchanged
+to ``eval/<split>/`` (``eval/test`` and ``eval/val`` always exist, empty if the input has no such
+rows).
+
+How the single pass works:
+
+1. The driver reads only the two key columns (``sample_id``, ``split``) with pyarrow, checks
+   them, and runs the pure assignment function.
+2. It builds a small *routing table* ``(sample_id, split) -> (dest, order)``: one row per
+   (sample, worker) pair (N*C rows) plus one row per eval sample, with ``dest`` = worker index,
+   or M + j for eval split j, and ``order`` = the row's position in its destination.
+3. Spark scans the input once, broadcast-joins it with the routing table (this is where a
+   sample held by C workers becomes C rows), repartitions so that every destination is exactly
+   one partition (the partition key of dest d is a number whose Spark hash lands in partition
+   d), sorts each partition by ``order`` and hands it to a ``mapInArrow`` writer.
+4. The writer casts each Arrow batch back to the input's Arrow schema (Spark would turn e.g.
+   uint8 into int16; the shards keep the input's exact columns and types) and writes
+   ``<dest>/part-<partition>.parquet`` with pyarrow in row groups of exactly
+   ``row_group_rows`` rows (the last one smaller), so Petastorm can shard and batch them.
+   It returns one summary row per file written.
+5. The driver checks that every destination received exactly the rows it was routed, removes
+   files of failed task attempts, and writes ``manifest.json`` (format
+   ``hep-pipeline-shards/1``, see the COMMON contract): layout (scheme, workers, copies, the
+   scheme's parameters, seed), N, row-group size, eval paths and, per worker, its directory,
+   files, row count, sample ids as sorted inclusive ranges, shuffle seed and household /
+   neighbourhood group.
+
+Everything is written into a temporary sibling of ``output`` that replaces it only when complete
+(:func:`pipeline.outputs.atomic_output_dir`); Spark's tasks write to the same local/shared file
+system as the driver (local paths only, like every output of the pipeline).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import Field
+
+from ..config import StageConfig
+from ..errors import BadInputError, ConfigError, PipelineError
+from ..outputs import atomic_output_dir, local_path, require_exists, uri, write_json
+from ..schemas import parquet_schema
+from .schemes import SCHEMES, Assignment, Layout, assign, check_sample_count, id_ranges, resolve_layout
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FORMAT = "hep-pipeline-shards/1"
+MANIFEST_NAME = "manifest.json"
+EVAL_SPLITS = ("test", "val")          # always written (empty when the input has none)
+TRAIN_SPLIT = "train"
+_DEST, _PKEY, _ORDER = "__shard_dest", "__shard_pkey", "__shard_order"
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class ShardConfig(StageConfig):
+    """Config of the shard stage (``jobs/shard.py``, defaults in ``configs/shard.yaml``)."""
+
+    input: str = Field("runs/images/dataset", description="input Parquet dataset (needs sample_id and split)")
+    output: str = Field("runs/shards", description="output directory (replaced atomically)")
+    scheme: Literal["disjoint", "full_overlap", "coarse", "medium_coarse", "fine_grained", "households",
+                    "neighbourhoods"] = Field("disjoint", description="assignment scheme: " + ", ".join(SCHEMES))
+    workers: int = Field(2, gt=0, description="number of workers M")
+    copies: Optional[int] = Field(None, ge=1, description="copies C of each sample (medium_coarse, fine_grained; "
+                                                          "other schemes derive it, a given value must match)")
+    shards: Optional[int] = Field(None, ge=1, description="coarse: number of shards S (divides workers)")
+    households: Optional[int] = Field(None, ge=1, description="households/neighbourhoods: households H (divides workers)")
+    household_shards: Optional[int] = Field(None, ge=1, description="household shards S_H (divides H; default H, "
+                                                                    "neighbourhoods: H/NB)")
+    neighbourhoods: Optional[int] = Field(None, ge=1, description="neighbourhoods: NB (divides households)")
+    seed: int = Field(0, ge=0, description="seed of the assignment and of the per-worker shuffle seeds")
+    shuffle: bool = Field(True, description="randomise which samples go to which shard (false: contiguous "
+                                            "sample_id ranges)")
+    row_group_rows: int = Field(1024, gt=0, description="rows per Parquet row group in the shards")
+
+    def layout(self) -> Layout:
+        return resolve_layout(self.scheme, self.workers, self.copies, shards=self.shards,
+                              households=self.households, household_shards=self.household_shards,
+                              neighbourhoods=self.neighbourhoods, seed=self.seed, shuffle=self.shuffle)
+
+
+def worker_dir_name(i: int, workers: int) -> str:
+    return f"worker_{i:0{max(3, len(str(workers - 1)))}d}"
+
+
+def plan_shard(cfg: ShardConfig) -> dict:
+    """Inputs/outputs of a run, for ``--dry-run`` (checks the layout; no Spark, no data read)."""
+    layout = cfg.layout()
+    out = local_path(cfg.output)
+    return {"input": str(local_path(cfg.input)), "output": str(out), "layout": layout.to_manifest(),
+            "workers": [str(out / worker_dir_name(i, layout.workers)) for i in range(layout.workers)],
+            "eval": {s: str(out / "eval" / s) for s in EVAL_SPLITS},
+            "manifest": str(out / MANIFEST_NAME)}
+
+
+# ----------------------------------------------------------------------------- input checks
+def _check_input(path: Path):
+    """The input's Arrow schema, after checking the key columns; BadInputError otherwise."""
+    import pyarrow as pa
+
+    schema = parquet_schema(path)
+    for col, ok, want in (("sample_id", pa.types.is_integer, "an integer type"),
+                          ("split", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string")):
+        idx = schema.get_field_index(col)
+        if idx < 0:
+            raise BadInputError(f"{path}: missing column {col!r} (the shard stage needs sample_id and split)")
+        t = schema.field(idx).type
+        if not ok(t):
+            raise BadInputError(f"{path}: column {col!r} has type {t}, expected {want}")
+    for reserved in (_DEST, _PKEY, _ORDER):
+        if reserved in schema.names:
+            raise BadInputError(f"{path}: column {reserved!r} is reserved by the shard stage")
+    return schema
+
+
+def _read_keys(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(sample_id int64, split str) of every row, checked: no nulls, unique ids, sane split names."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    try:
+        t = ds.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_table(
+            columns=["sample_id", "split"])
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+        raise BadInputError(f"cannot read Parquet at {path}: {str(e).splitlines()[0]}") from None
+    for col in ("sample_id", "split"):
+        nulls = t.column(col).null_count
+        if nulls:
+            raise BadInputError(f"{path}: column {col!r} has {nulls} null value(s)")
+    ids = t.column("sample_id").to_numpy().astype(np.int64, copy=False)
+    splits = np.asarray(pc.cast(t.column("split"), "string").to_numpy(zero_copy_only=False), dtype=object)
+    uniq, counts = np.unique(ids, return_counts=True)
+    if uniq.size != ids.size:
+        raise BadInputError(f"{path}: column 'sample_id' has duplicate value {int(uniq[counts > 1][0])}")
+    for s in set(splits.tolist()):
+        if not _SPLIT_NAME.match(s):
+            raise BadInputError(f"{path}: column 'split' has value {s!r}, not usable as a directory name")
+    return ids, splits
+
+
+# ----------------------------------------------------------------------------- the Spark pass
+def _partition_keys(spark, n: int) -> list[int]:
+    """For each d in 0..n-1 a long k with Spark's ``pmod(hash(k), n) == d``, so that
+    ``repartition(n, key)`` puts destination d alone in partition d."""
+    from pyspark.sql import functions as F
+
+    keys: dict[int, int] = {}
+    lo = 0
+    while len(keys) < n:
+        rows = spark.range(lo, lo + 64 * n).select("id", F.expr(f"pmod(hash(id), {n})").alias("p")).collect()
+        for r in rows:
+            keys.setdefault(int(r.p), int(r.id))
+        lo += 64 * n
+    return [keys[d] for d in range(n)]
+
+
+def _routing_table(assignment: Assignment, train_ids: np.ndarray, eval_ids: dict[str, np.ndarray],
+                   pkeys: list[int]):
+    """pandas frame (sample_id, split, dest, pkey, order): one row per (sample, destination)."""
+    import pandas as pd
+
+    M = assignment.layout.workers
+    parts = []
+    for w, m in enumerate(assignment.members):
+        parts.append((train_ids[m], TRAIN_SPLIT, w))
+    for j, (name, ids) in enumerate(eval_ids.items()):
+        parts.append((np.sort(ids), name, M + j))
+    frames = [pd.DataFrame({"sample_id": ids.astype(np.int64), "split": split,
+                            _DEST: np.full(len(ids), dest, np.int32),
+                            _PKEY: np.full(len(ids), pkeys[dest], np.int64),
+                            _ORDER: np.arange(len(ids), dtype=np.int64)})
+              for ids, split, dest in parts if len(ids)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
+    """The ``mapInArrow`` function: Arrow batches (input columns + dest) -> Parquet files."""
+    columns = list(schema.names)
+
+    def write(batches):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        tag = f"{tc.partitionId():05d}-a{tc.attemptNumber()}"
+        open_: dict[int, dict] = {}
+
+        def emit(st, final: bool):
+            pending, n = st["pending"], st["n"]
+            if n == 0 or (n < row_group_rows and not final):
+                return
+            t = pa.concat_tables(pending)
+            full = (n // row_group_rows) * row_group_rows
+            if full:
+                st["writer"].write_table(t.slice(0, full), row_group_size=row_group_rows)
+                st["groups"] += full // row_group_rows
+            rest = t.slice(full)
+            if final and rest.num_rows:
+                st["writer"].write_table(rest, row_group_size=row_group_rows)
+                st["groups"] += 1
+                rest = rest.slice(rest.num_rows)
+            st["pending"], st["n"] = ([rest] if rest.num_rows else []), rest.num_rows
+
+        def state(dest: int) -> dict:
+            st = open_.get(dest)
+            if st is None:
+                name = f"part-{tag}.parquet"
+                tmp = os.path.join(root, dirs[dest], f".{name}.inprogress")
+                st = dict(name=name, tmp=tmp, rows=0, groups=0, pending=[], n=0,
+                          writer=pq.ParquetWriter(tmp, schema, compression="snappy"))
+                open_[dest] = st
+            return st
+
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            dest = b.column(len(columns)).to_numpy()
+            table = pa.Table.from_batches([b]).select(columns).cast(schema)
+            cuts = np.flatnonzero(np.diff(dest)) + 1       # rows arrive sorted by dest
+            starts = np.concatenate([[0], cuts])
+            ends = np.concatenate([cuts, [len(dest)]])
+            for s, e in zip(starts, ends):
+                st = state(int(dest[s]))
+                st["pending"].append(table.slice(s, e - s))
+                st["n"] += e - s
+                st["rows"] += e - s
+                emit(st, final=False)
+        out = {"dest": [], "file": [], "rows": [], "row_groups": []}
+        for dest, st in sorted(open_.items()):
+            emit(st, final=True)
+            st["writer"].close()
+            os.replace(st["tmp"], os.path.join(root, dirs[dest], st["name"]))
+            out["dest"].append(dest)
+            out["file"].append(st["name"])
+            out["rows"].append(st["rows"])
+            out["row_groups"].append(st["groups"])
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(out["dest"], pa.int32()), pa.array(out["file"], pa.string()),
+             pa.array(out["rows"], pa.int64()), pa.array(out["row_groups"], pa.int32())],
+            names=["dest", "file", "rows", "row_groups"])
+
+    return write
+
+
+def _bytes_per_row(path: Path) -> float:
+    """Uncompressed bytes per row of the input, from the Parquet footers (no data read)."""
+    import pyarrow.dataset as ds
+
+    rows = size = 0
+    try:
+        for frag in ds.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).get_fragments():
+            md = frag.metadata
+            for i in range(md.num_row_groups):
+                rows += md.row_group(i).num_rows
+                size += md.row_group(i).total_byte_size
+    except Exception:  # noqa: BLE001 - only a sizing hint
+        return 1024.0
+    return size / rows if rows else 1024.0
+
+
+def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Path, row_group_rows: int) -> list:
+    """Scan once, route, write; returns the writers' summary rows."""
+    from pyspark.sql import functions as F
+
+    P = len(dirs)
+    # Arrow batch size handed to the writer: bounded in bytes (LLF rows are ~60 kB each)
+    per_batch = int(min(10_000, max(64, (64 << 20) // max(1.0, _bytes_per_row(in_path)))))
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    old = spark.conf.get(key, None)
+    spark.conf.set(key, str(per_batch))
+    try:
+        df = spark.read.parquet(uri(in_path))
+        route = spark.createDataFrame(routing)
+        cols = [F.col(f"`{c}`") for c in schema.names]
+        routed = (df.join(F.broadcast(route), on=["sample_id", "split"], how="inner")
+                  .repartition(P, _PKEY)
+                  .sortWithinPartitions(_DEST, _ORDER)
+                  .select(*cols, F.col(_DEST)))
+        writer = _make_writer(str(root), dirs, schema, row_group_rows)
+        return routed.mapInArrow(writer, "dest int, file string, rows long, row_groups int").collect()
+    finally:
+        if old is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, old)
+
+
+def _write_empty(dir_: Path, schema) -> str:
+    import pyarrow.parquet as pq
+
+    name = "part-empty.parquet"
+    pq.write_table(schema.empty_table(), dir_ / name, compression="snappy")
+    return name
+
+
+# ----------------------------------------------------------------------------- the stage
+def shard(cfg: ShardConfig, spark=None) -> dict:
+    """Write the layout's worker directories, eval splits and ``manifest.json``; return the manifest."""
+    from ..spark import get_spark
+
+    t0 = time.time()
+    layout = cfg.layout()
+    in_path = require_exists(cfg.input)
+    out = local_path(cfg.output)
+    if out == in_path or in_path in out.parents or out in in_path.parents:
+        raise ConfigError(f"output={out} overlaps input={in_path}")
+    schema = _check_input(in_path)
+    ids, splits = _read_keys(in_path)
+    is_train = splits == TRAIN_SPLIT
+    train_ids = np.sort(ids[is_train])
+    N = int(train_ids.size)
+    if N == 0:
+        raise BadInputError(f"{in_path}: no rows with split='train' to assign")
+    check_sample_count(layout, N)
+    eval_names = sorted(set(EVAL_SPLITS) | set(splits[~is_train].tolist()))
+    eval_ids = {s: ids[splits == s] for s in eval_names}
+
+    t1 = time.time()
+    assignment = assign(layout, N)
+    M = layout.workers
+    log.info("shard: %s layout, M=%d, C=%d, N=%d train samples (+ %s) assigned in %.1f s", layout.scheme, M,
+             layout.copies, N, ", ".join(f"{s} {len(v)}" for s, v in eval_ids.items()), time.time() - t1)
+
+    spark = spark or get_spark(cfg.spark)
+    dirs = [worker_dir_name(i, M) for i in range(M)] + [f"eval/{s}" for s in eval_names]
+    pkeys = _partition_keys(spark, len(dirs))
+    routing = _routing_table(assignment, train_ids, eval_ids, pkeys)
+    expected = np.bincount(routing[_DEST].to_numpy(), minlength=len(dirs))
+
+    with atomic_output_dir(out) as tmp:
+        for d in dirs:
+            (tmp / d).mkdir(parents=True)
+        t2 = time.time()
+        log.info("shard: one Spark pass writing %d rows into %d directories (row groups of %d rows) ...",
+                 int(expected.sum()), len(dirs), cfg.row_group_rows)
+        summary = _spark_pass(spark, in_path, schema, routing, dirs, tmp, cfg.row_group_rows)
+        log.info("shard: Spark pass done in %.1f s", time.time() - t2)
+
+        files: dict[int, list[str]] = {d: [] for d in range(len(dirs))}
+        rows = np.zeros(len(dirs), np.int64)
+        for r in summary:
+            files[r.dest].append(r.file)
+            rows[r.dest] += r.rows
+        bad = np.flatnonzero(rows != expected)
+        if bad.size:
+            d = int(bad[0])
+            raise PipelineError(f"shard: {dirs[d]} received {rows[d]} rows, expected {expected[d]} "
+                                f"(input changed during the run?)")
+        for d, name in enumerate(dirs):  # leftovers of failed task attempts
+            keep = set(files[d])
+            for f in (tmp / name).iterdir():
+                if f.name not in keep:
+                    f.unlink()
+            if not files[d]:
+                files[d].append(_write_empty(tmp / name, schema))
+
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "source": str(in_path),
+            "layout": layout.to_manifest(),
+            "n_train_samples": N,
+            "row_group_rows": cfg.row_group_rows,
+            "eval": {s: str(out / "eval" / s) for s in eval_names},
+            "workers": [{"worker": i, "path": str(out / dirs[i]), "files": sorted(files[i]),
+                         "rows": int(rows[i]), "sample_ids": id_ranges(train_ids[assignment.members[i]]),
+                         "seed": assignment.seeds[i], "group": assignment.groups[i]} for i in range(M)],
+        }
+        write_json(tmp / MANIFEST_NAME, manifest)
+    log.info("shard: wrote %d worker directories + eval (%s) to %s in %.1f s", M, ", ".join(eval_names), out,
+             time.time() - t0)
+    return manifest

@@ -1,0 +1,134 @@
+"""Fixtures and helpers of the Airflow DAG tests (tests/test_dags*.py).
+
+Airflow runs in subprocesses, never in the pytest process: importing Airflow configures
+logging and an ORM globally, which the rest of the suite should not inherit. Each session
+gets a temporary ``AIRFLOW_HOME`` with a SQLite metadata DB (``airflow db migrate``), the
+repository's ``airflow_dags/`` as DAG folder, a Spark connection given as an environment
+variable (``AIRFLOW_CONN_SPARK_LOCAL``: master ``local[2]``, client mode) and the virtualenv's
+``bin`` (``spark-submit``) first on ``PATH``. ``run_dag`` runs one DAG run in-process in such
+a subprocess with ``dag.test()`` and returns the task states.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DAGS = REPO / "airflow_dags"
+VENV_BIN = Path(sys.executable).parent
+MARK = "@@DAG-RESULT@@"
+
+# Runs inside the subprocess: parse the DAG folder, optionally dag.test() one DAG, print JSON.
+_RUNNER = r'''
+import json, sys, time
+import pendulum
+from airflow.dag_processing.dagbag import DagBag
+
+req = json.loads(sys.argv[1])
+out = {}
+t0 = time.perf_counter()
+bag = DagBag(dag_folder=req["dags"])
+out["bag_s"] = time.perf_counter() - t0
+out["import_errors"] = {str(k): str(v).strip().splitlines()[-1] for k, v in bag.import_errors.items()}
+out["stats"] = [{"file": str(s.file), "duration_s": s.duration.total_seconds(), "dags": s.dags}
+                for s in bag.dagbag_stats]
+out["dag_ids"] = sorted(bag.dag_ids)
+heavy = [m for m in ("pyspark", "torch", "horovod", "petastorm", "uproot", "awkward") if m in sys.modules]
+out["heavy_modules"] = heavy
+if req.get("render"):
+    import copy
+    from spark_jobs import with_extra_sets
+    out["rendered"] = {}
+    for dag_id in bag.dag_ids:
+        dag = bag.get_dag(dag_id)
+        ld = pendulum.parse(req["render"]["logical_date"])
+        params = {k: dag.params[k] for k in dag.params}
+        params.update(req["render"].get("conf") or {})
+        tasks = {}
+        for t in dag.tasks:
+            info = {"type": type(t).__name__, "upstream": sorted(t.upstream_task_ids),
+                    "retries": t.retries, "retry_delay_s": t.retry_delay.total_seconds(),
+                    "backoff": t.retry_exponential_backoff,
+                    "trigger_rule": str(t.trigger_rule)}
+            if hasattr(t, "application"):
+                r = copy.copy(t)
+                r.render_template_fields({"params": params, "logical_date": ld, "run_id": "manual__x",
+                                          "ts_nodash": ld.strftime("%Y%m%dT%H%M%S"), "task": r, "dag": dag})
+                info.update(application=r.application, conn_id=r._conn_id, conf=r.conf, env=r.env_vars,
+                            args=with_extra_sets(r.application_args, params, t.task_id))
+            tasks[t.task_id] = info
+        out["rendered"][dag_id] = {"tasks": tasks, "params": params, "schedule": str(dag.schedule),
+                                   "catchup": dag.catchup}
+if req.get("dag_id"):
+    dag = bag.get_dag(req["dag_id"])
+    kw = {"logical_date": pendulum.parse(req["logical_date"]), "run_conf": req.get("conf") or {}}
+    if req.get("mark_success"):
+        kw["mark_success_pattern"] = req["mark_success"]
+    t0 = time.perf_counter()
+    dr = dag.test(**kw)
+    out["run_s"] = time.perf_counter() - t0
+    out["state"] = str(dr.state)
+    out["tasks"] = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+print("@@DAG-RESULT@@" + json.dumps(out))
+'''
+
+
+def airflow_env(home: Path, conn_id: str = "spark_local") -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        # local[2] as the connection's master (URL-quoted brackets), client deploy mode
+        "AIRFLOW_CONN_" + conn_id.upper(): "spark://local%5B2%5D?deploy-mode=client",
+        "PIPELINE_SPARK_CONN_ID": conn_id,
+        "PATH": str(VENV_BIN) + os.pathsep + os.environ.get("PATH", ""),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory) -> dict[str, str]:
+    """A migrated SQLite Airflow home; returns the environment for Airflow subprocesses."""
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = airflow_env(home)
+    r = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, f"airflow db migrate failed: {r.stderr[-2000:]}"
+    return env
+
+
+def run_airflow(env: dict[str, str], dag_id: Optional[str] = None, logical_date: Optional[str] = None,
+                conf: Optional[dict] = None, mark_success: Optional[str] = None,
+                timeout: int = 900, extra_env: Optional[dict] = None,
+                render: Optional[dict] = None) -> dict[str, Any]:
+    """Parse the DAG folder in a subprocess, and: ``render`` ({"logical_date", "conf"}) every
+    task's templated fields, or ``dag.test()`` one run of ``dag_id``. Returns the JSON result."""
+    req = {"dags": str(DAGS), "dag_id": dag_id, "logical_date": logical_date, "conf": conf,
+           "mark_success": mark_success, "render": render}
+    r = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(req)], env={**env, **(extra_env or {})},
+                       capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
+    assert r.returncode == 0 and lines, (
+        f"airflow runner failed (rc={r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def dag_run_summary(res: dict) -> str:
+    return json.dumps({k: res.get(k) for k in ("state", "tasks", "run_s")})
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temporary/backup directories of atomic writes (``.<name>.tmp-*``/``.old-*``) under root."""
+    return sorted(str(p) for p in root.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name)

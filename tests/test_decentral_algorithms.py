@@ -1,0 +1,136 @@
+"""SwarmSGD, D-PSGD, EASGD and consensus distance on real worker processes, both backends.
+
+One process group per backend runs every check (:func:`decentral_fixtures.algorithm_checks`)
+to keep the start-up cost down; the assertions run here, on the gathered results.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from decentral_fixtures import algorithm_checks, run_horovod_workers, run_torch_workers
+from pipeline.train.consensus import consensus_distance_of
+from pipeline.train.topology import check_partners, make_graph
+
+
+@pytest.fixture(scope="module")
+def torch4():
+    return run_torch_workers(algorithm_checks, 4, "complete")
+
+
+@pytest.fixture(scope="module")
+def torch3_ring():
+    return run_torch_workers(algorithm_checks, 3, "ring")
+
+
+@pytest.fixture(scope="module")
+def horovod4_ring():
+    return run_horovod_workers(algorithm_checks, 4, "ring")
+
+
+RUNS = ["torch4", "torch3_ring", "horovod4_ring"]
+
+
+def _check_swarm(res, topology):
+    world = len(res)
+    g = make_graph(topology, world)
+    rounds = len(res[0]["swarm"]["partners"])
+    for r in range(rounds):
+        # every worker computed the same matching, and it is the seeded one
+        assert all(x["swarm"]["matchings"][r] == g.matching(5, r) for x in res)
+        partners = [x["swarm"]["partners"][r] for x in res]
+        assert partners == g.matching(5, r)
+        check_partners(partners)
+        pre = np.stack([x["swarm"]["pre"][r] for x in res])
+        post = np.stack([x["swarm"]["post"][r] for x in res])
+        assert not np.allclose(pre, pre[0])  # the models really differ
+        # the global mean of the parameters is preserved exactly (float tolerance)
+        np.testing.assert_allclose(post.mean(0), pre.mean(0), rtol=0, atol=1e-6)
+        for i, p in enumerate(partners):
+            if p is None:
+                np.testing.assert_array_equal(post[i], pre[i])
+            else:
+                np.testing.assert_allclose(post[i], (pre[i] + pre[p]) / 2, rtol=0, atol=1e-6)
+                np.testing.assert_array_equal(post[i], post[p])
+    if world % 2:
+        sat = [r for r in range(rounds) for x in res if x["swarm"]["partners"][r] is None]
+        assert len(sat) == rounds  # exactly one worker sits out each round
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_swarm_pairwise_averaging_preserves_mean(run, request):
+    res = request.getfixturevalue(run)
+    topology = "complete" if run == "torch4" else "ring"
+    _check_swarm(res, topology)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_dpsgd_mixing_applies_w(run, request):
+    res = request.getfixturevalue(run)
+    W = res[0]["mix"]["W"]
+    pre = np.stack([x["mix"]["pre"] for x in res])
+    post = np.stack([x["mix"]["post"] for x in res])
+    np.testing.assert_allclose(post, W @ pre, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(post.mean(0), pre.mean(0), rtol=0, atol=1e-6)  # W doubly stochastic
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_dpsgd_complete_graph_equals_allreduce_parameter_averaging(run, request):
+    res = request.getfixturevalue(run)
+    for x in res:
+        assert x["dpsgd_vs_allreduce"] < 1e-6
+    spread = np.stack([x["dpsgd_spread"] for x in res])
+    assert consensus_distance_of(spread) > 0  # each rank applied its own gradient
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_dpsgd_atc_uniform_equals_arsgd(run, request):
+    res = request.getfixturevalue(run)
+    for x in res:
+        assert x["atc_vs_arsgd"] < 1e-6
+    finals = np.stack([x["atc_final"] for x in res])
+    np.testing.assert_allclose(finals, np.broadcast_to(finals[0], finals.shape), atol=1e-7)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_easgd_elastic_step(run, request):
+    res = request.getfixturevalue(run)
+    world = len(res)
+    alpha = 0.2
+    for s in range(len(res[0]["easgd"])):
+        xb = np.stack([x["easgd"][s][0] for x in res])
+        cb = res[0]["easgd"][s][1]
+        xa = np.stack([x["easgd"][s][2] for x in res])
+        ca = res[0]["easgd"][s][3]
+        for x in res:  # every worker holds the same centre
+            np.testing.assert_allclose(x["easgd"][s][3], ca, atol=1e-7)
+        if (s + 1) % 2 == 0:  # elastic step
+            np.testing.assert_allclose(xa, xb - alpha * (xb - cb), atol=1e-6)
+            np.testing.assert_allclose(ca, cb + world * alpha * (xb.mean(0) - cb), atol=1e-6)
+            np.testing.assert_allclose(xa.sum(0) + ca, xb.sum(0) + cb, atol=1e-5)
+            assert not np.allclose(ca, cb)
+        else:
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ca, cb)
+    # the centre starts at the world average of the initial models (not at any one of them)
+    assert not np.allclose(res[0]["easgd"][0][1], res[0]["easgd"][0][0])
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_consensus_distance_collective_matches_formula(run, request):
+    res = request.getfixturevalue(run)
+    xs = [x["consensus"]["x"] for x in res]
+    want = consensus_distance_of(xs)
+    assert want > 0
+    for x in res:
+        assert x["consensus"]["d"] == pytest.approx(want, rel=1e-6)
+
+
+def test_torch_exchange_involves_only_partners(torch3_ring):
+    """Point to point: with 3 workers one sits out each round and makes no exchange call."""
+    calls = [x["exchange_calls"] for x in torch3_ring]
+    sat = [sum(p is None for p in x["swarm"]["partners"]) for x in torch3_ring]
+    assert sum(sat) == len(torch3_ring[0]["swarm"]["partners"])
+    # every rank did the same all-reduces; the ranks that sat out more made fewer calls
+    order = np.argsort(sat)
+    assert calls[order[0]] - calls[order[-1]] == sat[order[-1]] - sat[order[0]]

@@ -1,0 +1,157 @@
+"""ROOT -> Parquet ingestion on the real coffea sample files (Delphes, NanoAOD, broken, empty)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hep_root_fixtures as H  # noqa: E402
+
+from pipeline.errors import BadInputError, ConfigError  # noqa: E402
+from pipeline.ingest.root import IngestRootConfig, ingest_root, parse_step_size, plan_chunks  # noqa: E402
+
+
+def _read(path) -> pa.Table:
+    return pads.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_table()
+
+
+def _sorted_by_part(path) -> pa.Table:
+    files = sorted(p for p in os.listdir(path) if p.endswith(".parquet"))
+    import pyarrow.parquet as pq
+    return pa.concat_tables([pq.read_table(os.path.join(path, f)) for f in files])
+
+
+def test_step_size_parsing():
+    assert parse_step_size(1000) == ("entries", 1000)
+    assert parse_step_size("100 MB") == ("bytes", 100 * 1024 ** 2)
+    assert parse_step_size("2kB") == ("bytes", 2048)
+    with pytest.raises(ValueError):
+        parse_step_size("ten")
+    with pytest.raises(ConfigError, match="step_size"):
+        from pipeline.config import build_config
+        build_config(IngestRootConfig, {"input": "x.root", "step_size": "lots"})
+
+
+def test_plan_chunks_cuts_entry_ranges(delphes_root):
+    plan = plan_chunks([str(delphes_root)], "Delphes", ["Jet.PT", "Electron.*"], step_size=10)
+    ranges = [(c.entry_start, c.entry_stop) for c in plan.chunks]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 25
+    assert all(b - a <= 20 for a, b in ranges) and len(ranges) >= 2
+    assert all(ranges[i][1] == ranges[i + 1][0] for i in range(len(ranges) - 1))
+    # object branches matched by the glob (Electron.Particle is a TRef) are dropped
+    assert "Electron.Particle" not in plan.branches and "Electron.PT" in plan.branches
+
+
+def test_ingest_delphes_matches_uproot(spark, delphes_root, tmp_path):
+    import uproot
+
+    out = tmp_path / "events"
+    cfg = IngestRootConfig(input=str(delphes_root), tree="Delphes", output=str(out), step_size=10,
+                           filter_name=["Electron.PT", "Jet.PT", "Jet.BTag", "Jet.FracPt[5]", "MissingET.MET",
+                                        "Event.Number"],
+                           schema_dir=str(tmp_path / "schemas"))
+    rep = ingest_root(cfg, spark=spark)
+    assert rep["rows"] == 25 and not rep["bad_files"]
+    assert len(rep["files"][0]["parts"]) >= 2          # several chunks -> several Spark tasks
+    table = _sorted_by_part(out)
+    t = uproot.open(delphes_root)["Delphes"]
+    for b in ["Electron.PT", "Jet.PT", "MissingET.MET"]:
+        assert table.column(b).to_pylist() == t[b].array(library="ak").tolist()
+    assert table.column("Event.Number").to_pylist() == t["Event.Number"].array().tolist()
+    # jagged -> list, fixed-size arrays stay fixed-size, unsigned stays unsigned
+    assert pa.types.is_list(table.schema.field("Jet.PT").type)
+    frac = table.schema.field("Jet.FracPt[5]").type
+    assert pa.types.is_fixed_size_list(frac.value_type) and frac.value_type.list_size == 5
+    assert table.schema.field("Jet.BTag").type.value_type == pa.uint32()
+    # Spark reads it back
+    assert spark.read.parquet("file://" + str(out)).count() == 25
+    # schema registered (versioned) and stored next to the data
+    sj = json.loads((tmp_path / "schemas" / "root" / "delphes" / "v1.json").read_text())
+    assert [c["name"] for c in sj["columns"]] == table.schema.names
+    assert json.loads((out / "_schema.json").read_text())["version"] == 1
+    rep2 = json.loads((out / "_report.json").read_text())
+    assert rep2["files"][0]["entries"] == 25 and rep2["schema"]["name"] == "root/delphes"
+
+
+def test_ingest_nanoaod_all_branches(spark, samples_dir, tmp_path):
+    import uproot
+
+    f = samples_dir / "nano_dy.root"
+    out = tmp_path / "nano"
+    rep = ingest_root(IngestRootConfig(input=str(f), tree="Events", output=str(out),
+                                       schema_dir=str(tmp_path / "schemas")), spark=spark)
+    t = uproot.open(f)["Events"]
+    table = _read(out)
+    assert table.num_rows == t.num_entries == 40
+    assert len(rep["branches"]) == table.num_columns > 1000
+    assert _sorted_by_part(out).column("Muon_pt").to_pylist() == t["Muon_pt"].array().tolist()
+
+
+def test_bad_missing_and_empty_files(spark, delphes_root, bad_delphes_root, samples_dir, tmp_path):
+    colls = H.read_required(delphes_root)
+    empty = H.write_delphes_like(tmp_path / "empty.root", colls, empty=True)
+    plain = H.write_plain_tree(tmp_path / "plain.root")
+    missing = tmp_path / "does_not_exist.root"
+    inputs = [str(delphes_root), str(bad_delphes_root), str(samples_dir / "nano_dy.root"), str(empty),
+              str(plain), str(missing)]
+    out = tmp_path / "events"
+    cfg = dict(input=inputs, tree="Delphes", output=str(out), filter_name=["Electron.PT", "Muon.*"],
+               schema_dir=str(tmp_path / "schemas"))
+    with pytest.raises(BadInputError) as ei:
+        ingest_root(IngestRootConfig(**cfg), spark=spark)
+    msg = str(ei.value)
+    assert "\n" not in msg and "4 of 6 input file(s) failed" in msg and "bad_delphes.root" in msg
+    # the good files were still ingested and the report names every bad file with a reason
+    assert _read(out).num_rows == 25
+    rep = json.loads((out / "_report.json").read_text())
+    reasons = {os.path.basename(b["file"]): b["reason"] for b in rep["bad_files"]}
+    assert set(reasons) == {"bad_delphes.root", "nano_dy.root", "plain.root", "does_not_exist.root"}
+    assert "no tree 'Delphes'" in reasons["bad_delphes.root"]
+    assert "missing branch 'Electron.PT'" in reasons["plain.root"]
+    assert "no such file" in reasons["does_not_exist.root"]
+    by_name = {os.path.basename(f["file"]): f for f in rep["files"]}
+    assert by_name["empty.root"]["rows"] == 0 and by_name["empty.root"]["error"] is None
+    # allow_bad_files: same output, no error
+    rep = ingest_root(IngestRootConfig(**cfg, allow_bad_files=True), spark=spark)
+    assert rep["rows"] == 25 and len(rep["bad_files"]) == 4
+
+
+def test_only_empty_tree_gives_empty_dataset(spark, delphes_root, tmp_path):
+    empty = H.write_delphes_like(tmp_path / "empty.root", H.read_required(delphes_root), empty=True)
+    out = tmp_path / "e"
+    rep = ingest_root(IngestRootConfig(input=str(empty), tree="Delphes", output=str(out),
+                                       schema_dir=str(tmp_path / "schemas")), spark=spark)
+    table = _read(out)
+    assert rep["rows"] == 0 and table.num_rows == 0 and "Electron.PT" in table.schema.names
+
+
+def test_all_files_bad_writes_nothing(spark, bad_delphes_root, tmp_path):
+    out = tmp_path / "none"
+    with pytest.raises(BadInputError, match="no input file could be read"):
+        ingest_root(IngestRootConfig(input=str(bad_delphes_root), tree="Delphes", output=str(out),
+                                     allow_bad_files=True, schema_dir=str(tmp_path / "s")), spark=spark)
+    assert not out.exists()
+
+
+def test_job_cli(repo, delphes_root, bad_delphes_root, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    out = tmp_path / "cli"
+    base = [sys.executable, "-m", "jobs.ingest_root", "--config", str(repo / "configs" / "ingest_root.yaml"),
+            "--output", str(out), "--set", f"schema_dir={tmp_path / 'schemas'}",
+            "--set", "spark.master=local[2]"]
+    dry = subprocess.run(base + ["--dry-run"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["plan"]["inputs"][0].endswith("delphes.root")
+    r = subprocess.run(base + ["--set", f"input=[{delphes_root}, {bad_delphes_root}]"], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 2 input file(s) failed") and "bad_delphes.root" in last
+    assert (out / "_report.json").is_file()

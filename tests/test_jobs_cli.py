@@ -1,0 +1,144 @@
+"""Every ``jobs/*.py`` is the same command-line tool (``pipeline.cli.run_job``):
+
+* ``python -m jobs.X --help`` lists ``--config``, ``--set``, ``--dry-run`` and one option per
+  config field with its default (checked against the job's config model);
+* ``--dry-run`` prints the resolved config (YAML file + ``--set`` overrides) and the plan as
+  JSON, without starting Spark (the test breaks Java so that starting Spark would fail) and
+  without creating outputs; it also works as a script (``python jobs/X.py``, what spark-submit runs);
+* a bad config value, an unknown key or a missing config file exit non-zero with one line
+  naming the value, key or path.
+
+Jobs are discovered from the ``jobs/`` folder, so a new job is covered automatically.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = sorted(p.stem for p in (REPO / "jobs").glob("*.py") if p.stem != "__init__")
+
+# Runs in a subprocess: the job's config model (captured from its run_job call) as JSON fields.
+_FIELDS = r'''
+import json, sys
+import pipeline.cli as cli
+from pipeline.config import config_fields
+seen = {}
+def fake_run_job(argv, *, config_cls, **kw):
+    seen["cls"] = config_cls
+    seen["kw"] = kw
+    return 0
+cli.run_job = fake_run_job
+import importlib
+mod = importlib.import_module("jobs." + sys.argv[1])
+mod.main([])
+fields = [[d, cli._fmt_default(v), desc] for d, v, desc in config_fields(seen["cls"])]
+print(json.dumps({"fields": fields, "prog": seen["kw"].get("prog"), "has_plan": seen["kw"].get("plan") is not None}))
+'''
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.pop("PIPELINE_DEBUG", None)
+    env.update(extra)
+    return env
+
+
+def _run(args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+
+
+def _config_args(job: str) -> list[str]:
+    cfg = REPO / "configs" / f"{job}.yaml"
+    return ["--config", str(cfg)] if cfg.is_file() else []
+
+
+def _squash(s: str) -> str:
+    return re.sub(r"\s+", "", s)
+
+
+def test_there_are_jobs():
+    assert {"ingest_images", "shard", "train", "report", "ingest_root", "features", "simulate"} <= set(JOBS), JOBS
+
+
+@pytest.fixture(scope="module", params=JOBS)
+def job(request) -> dict:
+    r = _run(["-c", _FIELDS, request.param])
+    assert r.returncode == 0, f"jobs/{request.param}.py: {r.stderr[-2000:]}"
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    info["name"] = request.param
+    return info
+
+
+def test_help_lists_every_option_with_its_default(job):
+    r = _run(["-m", f"jobs.{job['name']}", "--help"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    help_text = r.stdout
+    assert job["has_plan"], f"jobs/{job['name']}.py passes no plan function for --dry-run"
+    for opt in ("--config", "--set", "--dry-run"):
+        assert opt in help_text
+    assert "config values" in help_text, "no 'config values' option group in --help"
+    squashed = _squash(help_text.split("config values", 1)[1])  # past the usage line
+    assert job["fields"], "the config model has no fields"
+    # one option per config field, in order, each followed by its default before the next option
+    pos = 0
+    for dotted, default, _desc in job["fields"]:
+        start = squashed.find(_squash(f"--{dotted} V"), pos)
+        assert start >= 0, f"--{dotted} missing from --help of jobs/{job['name']}.py"
+        nxt = squashed.find("--", start + 2 + len(dotted))
+        segment = squashed[start: nxt if nxt > 0 else None]
+        assert _squash(f"(default: {default})") in segment, f"--{dotted}: default {default} not shown"
+        pos = start + 1
+
+
+def test_dry_run_prints_resolved_config_and_plan_without_spark(job, tmp_path):
+    out = tmp_path / "never-written"
+    args = [*_config_args(job["name"]), "--set", "spark.app_name=dry-run-check", "--dry-run"]
+    fields = {d for d, _, _ in job["fields"]}
+    if "output" in fields:
+        args += ["--set", f"output={out}"]
+    # Spark cannot start in this environment: a dry run that tried would fail
+    env = _env(JAVA_HOME=str(tmp_path / "no-java"), SPARK_HOME=str(tmp_path / "no-spark"),
+               PYSPARK_SUBMIT_ARGS="--this-would-fail")
+    for mode in (["-m", f"jobs.{job['name']}"], [str(REPO / "jobs" / f"{job['name']}.py")]):
+        r = _run([*mode, *args], env=env)
+        assert r.returncode == 0, f"{mode}: {r.stderr.strip().splitlines()[-3:]}"
+        res = json.loads(r.stdout)
+        assert res["job"] == job["prog"]
+        assert res["config"]["spark"]["app_name"] == "dry-run-check"
+        assert isinstance(res.get("plan"), dict) and res["plan"], "--dry-run printed no plan"
+        if "output" in fields:
+            assert res["config"]["output"] == str(out)
+            assert str(out) in json.dumps(res["plan"]), "the plan does not name the output"
+    assert not out.exists() and list(tmp_path.iterdir()) == [], "--dry-run created files"
+
+
+@pytest.mark.parametrize("bad,expect", [
+    (["--set", "spark.shuffle_partitions=-1"], ["spark.shuffle_partitions", "-1"]),
+    (["--set", "no_such_key=1"], ["no_such_key"]),
+    (["--spark.shuffle_partitions", "many"], ["spark.shuffle_partitions", "many"]),
+])
+def test_bad_config_value_exits_nonzero_with_one_line(job, bad, expect, tmp_path):
+    r = _run(["-m", f"jobs.{job['name']}", *_config_args(job["name"]), *bad])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, (r.returncode, lines[-3:])
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {lines[:5]}"
+    assert lines[0].startswith("error:")
+    for word in expect:
+        assert word in lines[0], (word, lines[0])
+    assert r.stdout.strip() == ""
+
+
+def test_missing_config_file_is_named(job, tmp_path):
+    missing = tmp_path / "nope.yaml"
+    r = _run(["-m", f"jobs.{job['name']}", "--config", str(missing), "--dry-run"])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and str(missing) in lines[0], lines[:5]
