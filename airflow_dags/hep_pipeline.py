@@ -18,7 +18,7 @@ from airflow.sdk import DAG, Param, task
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-from spark_jobs import DagSettings, common_params, job_task, repo_path, stage_paths
+from spark_jobs import DagSettings, common_params, input_path, job_task, stage_paths
 
 DAG_ID = "hep_pipeline"
 S = DagSettings("hep", DAG_ID)
@@ -37,8 +37,9 @@ with DAG(
         **common_params(S, {}),
         "simulate": Param(bool(S.params.get("simulate", False)), type="boolean",
                           description="generate events with jobs/simulate.py instead of reading input_glob"),
-        "input_glob": Param(repo_path(S.params.get("input_glob", "")), type="string",
-                            description="ROOT files to ingest (glob or list), when simulate is false"),
+        "input_glob": Param(input_path(S.params.get("input_glob", "samples:delphes.root")), type="string",
+                            description="ROOT files to ingest (path, glob, root:// URL or samples:NAME), "
+                                        "when simulate is false"),
         "model": Param(S.params.get("model", "hlf"), enum=["hlf", "gru", "inclusive"],
                        description="classifier: hlf (HLF dataset), gru / inclusive (LLF dataset)"),
         "algorithm": Param(S.params.get("algorithm", "arsgd"), type="string", description="training algorithm"),

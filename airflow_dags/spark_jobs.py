@@ -68,6 +68,12 @@ def repo_path(p: str | os.PathLike) -> str:
     return str(path if path.is_absolute() else (REPO / path))
 
 
+def input_path(p: str) -> str:
+    """Like :func:`repo_path` for plain paths; URLs and ``samples:NAME`` are left as they are."""
+    s = str(p)
+    return s if (not s or ":" in s.split("/", 1)[0]) else repo_path(s)
+
+
 def run_dir(dag_id: str) -> str:
     """Jinja template of this run's output directory."""
     return "{{ params.output_root }}/" + dag_id + "/" + RUN_KEY
@@ -145,7 +151,7 @@ class PipelineJobOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> Any:
         self.application_args = with_extra_sets(self.application_args, context.get("params"), self.task_id)
-        self.log.info("spark-submit %s %s", self.application, " ".join(args))
+        self.log.info("spark-submit %s %s", self.application, " ".join(self.application_args))
         return super().execute(context)
 
 

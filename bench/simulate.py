@@ -13,7 +13,9 @@ Three measurements on the same config and seeds (ttbar, W+jets, QCD; lepton filt
    start-up and the driver's progress bookkeeping.
 
 Printed: events/s (written events, after the filter), events/s per core and the ratios
-(2)/(1) and (3 per core)/(1). On a shared machine the numbers move with the load: compare only
+(2)/(1) and (3 per core)/(1); and, because a shared machine's load moves wall-clock rates,
+events per CPU-second of the working processes (bare loop / in-process tasks: this process's
+CPU time; Spark: the sum of the tasks' CPU times recorded in simulation.json). Compare only
 numbers from the same run.
 """
 from __future__ import annotations
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     n_total = sum(t["events"] for t in tasks)
     try:
         # 1. bare single-process generator loop
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in tasks:
             p = t["process"]
             g = ProcessGenerator(p, settings_for(cfg, p), t["pythia_seed"],
@@ -58,13 +60,15 @@ def main(argv=None) -> int:
                                  filter_eta=cfg.lepton_filter.eta_max)
             g.generate(t["events"], cfg.batch_size)
         bare = n_total / (time.perf_counter() - t0)
+        bare_cpu = n_total / (time.process_time() - c0)
 
         # 2. the stage's tasks in one process, no Spark
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in tasks:
             r = run_task(t, cfg, os.path.join(tmp, "inproc"))
             assert "error" not in r, r
         inproc = n_total / (time.perf_counter() - t0)
+        inproc_cpu = n_total / (time.process_time() - c0)
 
         # 3. the Spark stage (session started before timing: its start-up is not the stage's)
         spark = get_spark(cfg.spark)
@@ -73,6 +77,9 @@ def main(argv=None) -> int:
         res = generate(cfg, spark=spark)
         wall = time.perf_counter() - t0
         stage = sum(res["events"].values()) / wall
+        side = json.loads(open(res["sidecar"]).read())
+        task_cpu = sum(f["cpu_seconds"] for v in side["processes"].values() for f in v["files"])
+        stage_cpu = sum(res["events"].values()) / task_cpu
         spark.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -85,6 +92,10 @@ def main(argv=None) -> int:
         "spark_stage_events_per_s_per_core": round(stage / args.cores, 2),
         "ratio_inprocess_vs_bare": round(inproc / bare, 3),
         "ratio_spark_per_core_vs_bare": round(stage / args.cores / bare, 3),
+        "cpu_time_rates": {   # events per CPU-second of the processes doing the work (load-independent)
+            "bare_loop": round(bare_cpu, 2), "inprocess_tasks": round(inproc_cpu, 2),
+            "spark_tasks": round(stage_cpu, 2),
+            "ratio_spark_tasks_vs_bare": round(stage_cpu / bare_cpu, 3)},
         "filter_efficiency": {k: round(v, 4) for k, v in res["filter_efficiency"].items()},
         "load_average": os.getloadavg(),
     }

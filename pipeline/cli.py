@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence, Type
 
-from .config import StageConfig, config_fields, load_config
+from .config import REQUIRED, StageConfig, config_fields, load_config
 from .errors import PipelineError
 
 log = logging.getLogger("pipeline")
@@ -53,7 +53,8 @@ def build_parser(prog: str, description: str, config_cls: Type[StageConfig],
     g = p.add_argument_group("config values (each also settable with --set KEY=VALUE)")
     for dotted, default, desc in config_fields(config_cls):
         g.add_argument(f"--{dotted}", dest=f"cfg::{dotted}", default=None, metavar="V",
-                       help=f"{desc} (default: {_fmt_default(default)})".strip())
+                       help=(f"{desc} (required)" if default is REQUIRED
+                             else f"{desc} (default: {_fmt_default(default)})").strip())
     return p
 
 

@@ -108,6 +108,16 @@ def load_config(cls: Type[T], path: str | os.PathLike | None = None, overrides: 
     return build_config(cls, data, overrides)
 
 
+class _Required:
+    """Marker default of a field that has none (``--help`` prints "required")."""
+
+    def __repr__(self) -> str:
+        return "required"
+
+
+REQUIRED = _Required()
+
+
 def config_fields(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, Any, str]]:
     """Flattened (dotted name, default, description) of every field, for ``--help``."""
     out = []
@@ -117,6 +127,6 @@ def config_fields(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, Any
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out.extend(config_fields(ann, dotted + "."))
             continue
-        default = f.get_default(call_default_factory=True)
+        default = REQUIRED if f.is_required() else f.get_default(call_default_factory=True)
         out.append((dotted, default, f.description or ""))
     return out

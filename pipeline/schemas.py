@@ -7,7 +7,8 @@ A schema is a JSON file ``schemas/<name>/v<N>.json``::
                  {"name": "image", "type": {"list": "uint8"}}, ...]}
 
 Types: arrow primitive names (``int32``, ``int64``, ``float32``, ``float64``, ``bool``,
-``string``, ``uint8``, ...), ``{"list": T}`` and ``{"fixed_size_list": T, "size": N}``.
+``string``, ``uint8``, ...), ``{"list": T}``, ``{"fixed_size_list": T, "size": N}`` and
+``{"struct": [{"name": ..., "type": T}, ...]}``.
 ``load_schema`` gives the newest version unless one is asked for; ``validate`` checks a
 dataset's Arrow schema against it and names the first offending column.
 """
@@ -45,6 +46,9 @@ def type_from_json(t: Any) -> pa.DataType:
         return pa.large_list(type_from_json(t["large_list"]))
     if isinstance(t, dict) and "fixed_size_list" in t:
         return pa.list_(type_from_json(t["fixed_size_list"]), int(t["size"]))
+    if isinstance(t, dict) and "struct" in t:
+        return pa.struct([pa.field(f["name"], type_from_json(f["type"]), nullable=f.get("nullable", True))
+                          for f in t["struct"]])
     raise ConfigError(f"unknown schema type {t!r}")
 
 
@@ -57,6 +61,8 @@ def type_to_json(t: pa.DataType) -> Any:
         return {"large_list": type_to_json(t.value_type)}
     if pa.types.is_list(t):
         return {"list": type_to_json(t.value_type)}
+    if pa.types.is_struct(t):
+        return {"struct": [{"name": f.name, "type": type_to_json(f.type), "nullable": f.nullable} for f in t]}
     raise ConfigError(f"arrow type {t} has no schema JSON form")
 
 
@@ -137,6 +143,9 @@ def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
         return actual.list_size == expected.list_size and _compatible(actual.value_type, expected.value_type)
     if pa.types.is_large_string(actual) and pa.types.is_string(expected):
         return True
+    if pa.types.is_struct(actual) and pa.types.is_struct(expected):
+        return actual.num_fields == expected.num_fields and all(
+            a.name == e.name and _compatible(a.type, e.type) for a, e in zip(actual, expected))
     return False
 
 

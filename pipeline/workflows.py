@@ -13,13 +13,16 @@ from pathlib import Path
 
 from pydantic import Field
 
-from .config import StageConfig
+from .config import StageConfig, build_config
 from .ingest.images import ImagesIngestConfig, ingest_images
 from .outputs import local_path, write_json
 from .shards.materialize import ShardConfig, shard
+from .simulate import SimulateConfig
 from .train.config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+PROCESS_LABELS = {"qcd": 0, "ttbar": 1, "wjets": 2}
 
 
 class ImagesRunConfig(StageConfig):
@@ -74,4 +77,124 @@ def run_images(cfg: ImagesRunConfig, spark=None) -> dict:
           f"{train_cfg.model} / {train_cfg.algorithm.name} on {train_cfg.launcher} ({train_cfg.epochs} epochs): "
           f"test accuracy {tr.get('test_accuracy', float('nan')):.4f} in {summary['seconds']:.0f} s "
           f"[{root / 'summary.json'}]", flush=True)
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# The HEP pipeline: simulate -> ingest ROOT -> features -> shard -> train HLF classifier
+# --------------------------------------------------------------------------------------
+
+def _default_hep_train() -> TrainConfig:
+    return TrainConfig(model="hlf", optimizer="adam", lr=0.001, epochs=5, batch_size=64, warmup_epochs=0.0)
+
+
+class HepRunConfig(StageConfig):
+    """The main job: generated ttbar / W+jets / QCD events through every HEP stage.
+
+    The real sample files of the coffea sdist go through the same generic ingestion (Delphes and
+    CMS NanoAOD) and the real ``delphes.root`` through the same feature code, as a check that the
+    stages run unchanged on real detector-simulation files; they are not used for training."""
+
+    output_root: str = Field("runs/hep", description="every stage writes under this directory")
+    workers: int = Field(2, gt=0, description="number of training workers (shards)")
+    events_per_class: int = Field(2000, gt=0, description="generated events per class (after the lepton filter)")
+    seed: int = Field(12345, ge=0, description="generation seed")
+    real_samples: bool = Field(True, description="also ingest the real coffea sample files (Delphes + NanoAOD) "
+                                                 "and run the features on the real delphes.root")
+    simulate: SimulateConfig = Field(default_factory=SimulateConfig,
+                                     description="generator settings (events/seed/output are set from above)")
+    ingest: dict = Field(default_factory=lambda: {"step_size": "50 MB"},
+                         description="extra IngestRootConfig values for the ingestion of the generated files")
+    features: dict = Field(default_factory=dict, description="extra FeaturesConfig values")
+    shard: ShardConfig = Field(default_factory=ShardConfig)
+    train: TrainConfig = Field(default_factory=_default_hep_train)
+
+
+def _hep_paths(root: Path) -> dict:
+    return {"simulated": root / "simulated", "events": root / "events", "features": root / "features",
+            "real_delphes": root / "real" / "delphes", "real_nanoaod": root / "real" / "nanoaod",
+            "real_features": root / "real" / "features", "shards": root / "shards", "train": root / "train"}
+
+
+def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
+    """Every stage's config for one HEP run, with paths derived from ``output_root``."""
+    from .features.stage import FeaturesConfig
+    from .ingest.root import IngestRootConfig
+    from .samples import coffea_samples
+
+    sim = cfg.simulate.model_copy(update={"events": cfg.events_per_class, "seed": cfg.seed,
+                                          "output": str(p["simulated"])})
+    samples = [{"name": name, "label": label, "files": [f"{p['simulated']}/{name}/*.root"]}
+               for name, label in PROCESS_LABELS.items() if name in sim.processes]
+    out = {
+        "simulate": sim,
+        "ingest": build_config(IngestRootConfig, {**cfg.ingest, "input": f"{p['simulated']}/*/*.root",
+                                                  "tree": "Delphes", "output": str(p["events"])}),
+        "features": build_config(FeaturesConfig, {**cfg.features, "input": str(p["events"]), "samples": samples,
+                                                  "output": str(p["features"])}),
+        "shard": cfg.shard.model_copy(update={"input": str(p["features"] / "hlf"), "output": str(p["shards"]),
+                                              "workers": cfg.workers}),
+        "train": cfg.train.model_copy(update={"manifest": str(p["shards"] / "manifest.json"),
+                                              "output": str(p["train"]), "workers": cfg.workers,
+                                              "scaling": str(p["features"] / "scaling.json")}),
+    }
+    if cfg.real_samples:
+        s = coffea_samples()
+        out["real_delphes"] = build_config(IngestRootConfig, {
+            "input": str(s / "delphes.root"), "tree": "Delphes", "output": str(p["real_delphes"]),
+            "filter_name": ["Electron.*", "Muon.*", "Jet.*", "MissingET.*", "EFlowTrack.*", "EFlowPhoton.*",
+                            "EFlowNeutralHadron.*"]})
+        out["real_nanoaod"] = build_config(IngestRootConfig, {
+            "input": [str(s / "nano_dy.root"), str(s / "nano_tt_v12.root")], "tree": "Events",
+            "output": str(p["real_nanoaod"])})
+        out["real_features"] = build_config(FeaturesConfig, {
+            "input": str(s / "delphes.root"), "output": str(p["real_features"]),
+            "samples": [{"name": "ttbar", "label": 1, "files": [str(s / "delphes.root")]}]})
+    return out
+
+
+def plan_run_hep(cfg: HepRunConfig) -> dict:
+    p = _hep_paths(local_path(cfg.output_root))
+    return {"stages": ["simulate", "ingest_root", "features", "shard", "train"],
+            "events_per_class": cfg.events_per_class, "workers": cfg.workers,
+            "outputs": {k: str(v) for k, v in p.items()}}
+
+
+def run_hep(cfg: HepRunConfig, spark=None) -> dict:
+    from .features.stage import build_features
+    from .ingest.root import ingest_root
+    from .simulate import generate
+    from .spark import get_spark
+    from .train.launch import train
+
+    t0 = time.time()
+    root = local_path(cfg.output_root)
+    p = _hep_paths(root)
+    spark = spark or get_spark(cfg.spark)
+    stages = hep_stage_configs(cfg, p)
+
+    sim = generate(stages["simulate"], spark)
+    ing = ingest_root(stages["ingest"], spark)
+    real = {}
+    if cfg.real_samples:
+        real["delphes"] = ingest_root(stages["real_delphes"], spark)
+        real["nanoaod"] = ingest_root(stages["real_nanoaod"], spark)
+        real["features"] = build_features(stages["real_features"], spark)
+    feats = build_features(stages["features"], spark)
+    sh = shard(stages["shard"], spark)
+    tr = train(stages["train"], spark)
+
+    summary = {"workflow": "hep", "events": sim["events"], "filter_efficiency": sim["filter_efficiency"],
+               "features": feats, "real": real, "shard_summary": sh, "train_summary": tr,
+               "test_accuracy": tr.get("test_accuracy"), "auc": tr.get("auc"),
+               "seconds": round(time.time() - t0, 1), "outputs": {k: str(v) for k, v in p.items()}}
+    write_json(root / "summary.json", summary)
+    auc = tr.get("auc") or {}
+    names = {v: k for k, v in PROCESS_LABELS.items()}
+    auc_txt = ", ".join(f"{names.get(int(k), k)} {v:.3f}" for k, v in sorted(auc.items(), key=lambda kv: int(kv[0])))
+    print(f"SUMMARY hep: {sum(sim['events'].values())} generated events "
+          f"({', '.join(f'{k} {v}' for k, v in sim['events'].items())}) -> HLF classifier on {cfg.workers} workers "
+          f"({stages['train'].launcher}, {stages['train'].algorithm.name}): test accuracy "
+          f"{tr.get('test_accuracy', float('nan')):.4f}, one-vs-rest ROC AUC {auc_txt} "
+          f"in {summary['seconds']:.0f} s [{root / 'summary.json'}]", flush=True)
     return summary

@@ -79,6 +79,31 @@ print("@@DAG-RESULT@@" + json.dumps(out))
 '''
 
 
+# Runs in a fresh subprocess per DAG file: Airflow imported first (the DAG processor has it
+# loaded), then the file parsed cold; wall and CPU seconds of that parse.
+_PARSE_ONE = r'''
+import json, sys, time
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1], collect_dags=False)
+w0, c0 = time.perf_counter(), time.process_time()
+dags = bag.process_file(sys.argv[2], only_if_updated=False)
+w1, c1 = time.perf_counter(), time.process_time()
+heavy = [m for m in ("pyspark", "torch", "horovod", "petastorm", "uproot", "awkward") if m in sys.modules]
+print("@@DAG-RESULT@@" + json.dumps({"wall_s": w1 - w0, "cpu_s": c1 - c0, "dags": [d.dag_id for d in dags],
+                                     "errors": {str(k): str(v)[-500:] for k, v in bag.import_errors.items()},
+                                     "heavy_modules": heavy}))
+'''
+
+
+def parse_one(env: dict[str, str], path: Path) -> dict[str, Any]:
+    """Parse one DAG file cold in a fresh interpreter: wall/CPU seconds, DAG ids, errors."""
+    r = subprocess.run([sys.executable, "-c", _PARSE_ONE, str(DAGS), str(path)], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=str(REPO))
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
+    assert r.returncode == 0 and lines, f"parsing {path} failed: {r.stderr[-3000:]}"
+    return json.loads(lines[-1][len(MARK):])
+
+
 def airflow_env(home: Path, conn_id: str = "spark_local") -> dict[str, str]:
     env = dict(os.environ)
     env.update({
@@ -86,7 +111,7 @@ def airflow_env(home: Path, conn_id: str = "spark_local") -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         # local[2] as the connection's master (URL-quoted brackets), client deploy mode
         "AIRFLOW_CONN_" + conn_id.upper(): "spark://local%5B2%5D?deploy-mode=client",
         "PIPELINE_SPARK_CONN_ID": conn_id,
@@ -117,16 +142,25 @@ def run_airflow(env: dict[str, str], dag_id: Optional[str] = None, logical_date:
     task's templated fields, or ``dag.test()`` one run of ``dag_id``. Returns the JSON result."""
     req = {"dags": str(DAGS), "dag_id": dag_id, "logical_date": logical_date, "conf": conf,
            "mark_success": mark_success, "render": render}
-    r = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(req)], env={**env, **(extra_env or {})},
-                       capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(MARK)]
-    assert r.returncode == 0 and lines, (
-        f"airflow runner failed (rc={r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}")
-    return json.loads(lines[-1][len(MARK):])
+    env = {**env, **(extra_env or {})}
+    log = Path(env["AIRFLOW_HOME"]) / f"run-{dag_id or 'parse'}-{len(list(Path(env['AIRFLOW_HOME']).glob('run-*')))}.log"
+    with open(log, "w") as fh:
+        r = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(req)], env=env, stdout=fh,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=str(REPO))
+    text = log.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.startswith(MARK)]
+    assert r.returncode == 0 and lines, f"airflow runner failed (rc={r.returncode}), log {log}:\n{text[-6000:]}"
+    res = json.loads(lines[-1][len(MARK):])
+    res["log"] = str(log)
+    if dag_id and not str(res.get("state")).endswith("success"):
+        # the lines that say why: the jobs' one-line errors and Airflow's task failures
+        why = [ln for ln in text.splitlines() if "error:" in ln or "ERROR" in ln or "Traceback" in ln]
+        res["why"] = why[-15:]
+    return res
 
 
 def dag_run_summary(res: dict) -> str:
-    return json.dumps({k: res.get(k) for k in ("state", "tasks", "run_s")})
+    return json.dumps({k: res.get(k) for k in ("state", "tasks", "run_s", "log", "why")}, indent=1)
 
 
 def leftovers(root: Path) -> list[str]:

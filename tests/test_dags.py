@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dags_fixtures import REPO, airflow_home, run_airflow  # noqa: F401 (fixture)
+from dags_fixtures import REPO, airflow_home, parse_one, run_airflow  # noqa: F401 (fixture)
 
 EXPECTED = {
     "images_pipeline": ["ingest_images", "shard", "train", "report"],
@@ -41,11 +41,17 @@ def test_dagbag_loads_every_dag_without_import_errors_and_parses_fast(airflow_ho
     by_file = {Path(s["file"]).name: s for s in res["stats"]}
     assert {"hep_pipeline.py", "images_pipeline.py"} <= set(by_file)
     assert "spark_jobs.py" not in by_file, "the helper module must be in .airflowignore"
-    # parse time per file, as Airflow's DagBag measured it (the DAG files import nothing heavy)
-    for name, s in by_file.items():
-        print(f"parse time {name}: {s['duration_s'] * 1000:.0f} ms ({s['dags']})")
-        assert s["duration_s"] < 1.0, f"{name} took {s['duration_s']:.2f} s to parse"
     assert res["heavy_modules"] == [], f"parsing the DAGs imported {res['heavy_modules']}"
+    # Parse time per file, each parsed cold in a fresh interpreter (Airflow itself already
+    # imported, as in the DAG processor). The limit is on CPU seconds, which the load other
+    # processes put on this shared machine does not inflate; wall time is printed alongside.
+    for name in ("hep_pipeline.py", "images_pipeline.py"):
+        p = parse_one(airflow_home, REPO / "airflow_dags" / name)
+        print(f"parse {name}: {p['cpu_s'] * 1000:.0f} ms CPU, {p['wall_s'] * 1000:.0f} ms wall "
+              f"(in one DagBag fill: {by_file[name]['duration_s'] * 1000:.0f} ms)")
+        assert p["errors"] == {} and p["dags"] == [name[:-3]]
+        assert p["heavy_modules"] == []
+        assert p["cpu_s"] < 1.0, f"{name}: {p['cpu_s']:.2f} CPU seconds to parse"
 
 
 def test_dag_files_import_nothing_heavy(tmp_path):

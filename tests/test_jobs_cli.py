@@ -38,7 +38,9 @@ cli.run_job = fake_run_job
 import importlib
 mod = importlib.import_module("jobs." + sys.argv[1])
 mod.main([])
-fields = [[d, cli._fmt_default(v), desc] for d, v, desc in config_fields(seen["cls"])]
+from pipeline.config import REQUIRED
+fields = [[d, "<required>" if v is REQUIRED else cli._fmt_default(v), desc]
+          for d, v, desc in config_fields(seen["cls"])]
 print(json.dumps({"fields": fields, "prog": seen["kw"].get("prog"), "has_plan": seen["kw"].get("plan") is not None}))
 '''
 
@@ -95,8 +97,13 @@ def test_help_lists_every_option_with_its_default(job):
         assert start >= 0, f"--{dotted} missing from --help of jobs/{job['name']}.py"
         nxt = squashed.find("--", start + 2 + len(dotted))
         segment = squashed[start: nxt if nxt > 0 else None]
-        assert _squash(f"(default: {default})") in segment, f"--{dotted}: default {default} not shown"
+        if default == "<required>":
+            assert "(required)" in segment, f"--{dotted}: a required field not marked (required)"
+        else:
+            assert _squash(f"(default: {default})") in segment, f"--{dotted}: default {default} not shown"
         pos = start + 1
+    # a field without a default says so, instead of printing pydantic's internal marker
+    assert "PydanticUndefined" not in help_text
 
 
 def test_dry_run_prints_resolved_config_and_plan_without_spark(job, tmp_path):

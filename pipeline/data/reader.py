@@ -241,14 +241,17 @@ class _IsolatedRng:
 class ShardReader:
     """Context manager yielding ``(inputs, labels)`` torch batches of one Parquet directory.
 
-    ``shuffle=False`` reads in file order (evaluation). ``limit_batches`` stops early and
+    ``shuffle=False`` reads in file order (evaluation). ``with_ids=True`` yields
+    ``(inputs, labels, sample_ids)``. ``limit_batches`` stops early and
     ``skip_batches`` drops the first batches (resuming mid-epoch); both keep the stream's
     content identical to an uninterrupted read with the same seed.
     """
 
     def __init__(self, path: str, batch_size: int, features: str, seed: int = 0, shuffle: bool = True,
-                 shuffle_buffer: int = 2048, scaling: Optional[dict] = None, device: Any = None):
+                 shuffle_buffer: int = 2048, scaling: Optional[dict] = None, device: Any = None,
+                 with_ids: bool = False):
         self.path, self.batch_size, self.features = path, int(batch_size), features
+        self.with_ids = with_ids
         self.seed, self.shuffle, self.shuffle_buffer = int(seed), shuffle, int(shuffle_buffer)
         self.transform = make_transform(features, scaling)
         self.device = device
@@ -260,7 +263,8 @@ class ShardReader:
         from petastorm.pytorch import BatchedDataLoader
 
         self._reader = make_batch_reader(
-            uri(self.path), schema_fields=FEATURE_COLUMNS[self.features], reader_pool_type="dummy",
+            uri(self.path), schema_fields=FEATURE_COLUMNS[self.features] + (["sample_id"] if self.with_ids else []),
+            reader_pool_type="dummy",
             num_epochs=1, seed=self.seed, shuffle_row_groups=self.shuffle, shuffle_rows=self.shuffle)
         cap = self.shuffle_buffer if self.shuffle else 0
         self._loader = BatchedDataLoader(self._reader, batch_size=self.batch_size, shuffling_queue_capacity=cap)
@@ -286,7 +290,7 @@ class ShardReader:
                 if self.device is not None:
                     inputs = tuple(t.to(self.device, non_blocking=True) for t in inputs)
                     y = y.to(self.device, non_blocking=True)
-                yield inputs, y
+                yield (inputs, y, raw["sample_id"]) if self.with_ids else (inputs, y)
             i += 1
 
     def __iter__(self):

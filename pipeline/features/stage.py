@@ -91,8 +91,8 @@ class FeaturesConfig(StageConfig):
     seed: int = Field(42, description="seed of the split and of the class balancing")
     balance_classes: bool = Field(False, description="undersample every split to its smallest non-empty class")
     allow_bad_files: bool = Field(False, description="exit 0 even if some files could not be used")
-    hlf_row_group_mb: int = Field(8, gt=0, description="Parquet row group size of hlf/ [MiB]")
-    llf_row_group_mb: int = Field(32, gt=0, description="Parquet row group size of llf/ [MiB]")
+    hlf_row_group_mb: float = Field(8, gt=0, description="Parquet row group size of hlf/ [MiB]")
+    llf_row_group_mb: float = Field(32, gt=0, description="Parquet row group size of llf/ [MiB]")
     file_mb: int = Field(256, gt=0, description="target Parquet file size [MiB] (sets the number of files)")
     schema_dir: Optional[str] = Field(None, description="schemas folder (default: the repository's schemas/)")
 
@@ -337,6 +337,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
             feat = chunks_dataframe(spark, units).mapInArrow(fn, _spark_schema()).persist(StorageLevel.DISK_ONLY)
             statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
                         .select("chunk_id", "n_read", "n_selected", "error").collect()]
+            log.info("features: selection and features of %d unit(s) done (%.1f s)", len(units), time.time() - t_start)
         st = {s["chunk_id"]: s for s in statuses}
         unit_file = {u.chunk_id: u.file_index for u in units}
         for u in units:   # a failed chunk makes its whole file bad
@@ -423,8 +424,11 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
             wr_file[unit_file[r["chunk_id"]]] += r["count"]
             split_counts[r["split"]] += r["count"]
 
+        log.info("features: split%s done (%.1f s)", " and balancing" if cfg.balance_classes else "",
+                 time.time() - t_start)
         model = FeatureScaler().fit(final.filter(F.col("split") == "train"))
         model.save(tmp / "scaling.json")
+        log.info("features: scaling fitted on %d train events (%.1f s)", model.hlf_count, time.time() - t_start)
 
         llf_bytes = n_written * (D.LLF_SIZE + D.N_HLF) * 4
         n_llf_files = max(1, math.ceil(llf_bytes / (cfg.file_mb << 20)))
@@ -466,9 +470,11 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     return report
 
 
-def _write(df, path: Path, n_files: int, row_group_mb: int) -> None:
+def _write(df, path: Path, n_files: int, row_group_mb: float) -> None:
+    """Spark Parquet writer with row groups of about ``row_group_mb`` (parquet-mr checks the size
+    every few rows, so LLF rows of 61 kB still give row groups close to the target)."""
     from ..outputs import uri
     (df.coalesce(n_files).write.mode("overwrite")
-     .option("parquet.block.size", str(row_group_mb << 20))
-     .option("parquet.block.size.row.check.min", "10")
+     .option("parquet.block.size", str(max(1, int(row_group_mb * (1 << 20)))))
+     .option("parquet.block.size.row.check.min", "4")
      .parquet(uri(path)))

@@ -122,6 +122,7 @@ class Plan:
     files: list[FileInfo]
     chunks: list[Chunk]
     branches: list[str] = field(default_factory=list)   # resolved on the first good file
+    schema: Any = None                                   # their Arrow schema (pyarrow.Schema)
 
     @property
     def bad(self) -> list[BadFile]:
@@ -287,6 +288,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
     resolved: Optional[list[str]] = None
+    schema = None
     it: Iterable = enumerate(files)
     if progress and len(files) > 3:
         from tqdm import tqdm
@@ -304,6 +306,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
                 raise BadInputError(f"no branch of tree {tree!r} matches {filter_name}")
             if resolved is None:
                 resolved = _supported(t, matched, filter_name)
+                schema = arrow_schema(t, resolved)
             else:
                 absent = [b for b in resolved if b not in set(matched)]
                 if absent:
@@ -321,7 +324,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
         except Exception as e:  # noqa: BLE001 - a broken file must not stop the others
             info.error = f"{type(e).__name__}: {_first_line(e)}"
             log.warning("bad input file %s: %s", path, info.error)
-    return Plan(infos, chunks, resolved or [])
+    return Plan(infos, chunks, resolved or [], schema)
 
 
 def _supported(t, matched: list[str], patterns: list[str]) -> list[str]:
@@ -487,8 +490,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     if not good:
         first = plan.files[0]
         raise BadInputError(f"no input file could be read; {first.path}: {first.error}")
-    ref = open_tree(good[0].path, cfg.tree)
-    schema = arrow_schema(ref, plan.branches)
+    schema = plan.schema
 
     from ..spark import get_spark
     spark = spark or get_spark(cfg.spark)

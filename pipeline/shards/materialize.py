@@ -147,18 +147,36 @@ def _read_keys(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- the Spark pass
-def _partition_keys(spark, n: int) -> list[int]:
-    """For each d in 0..n-1 a long k with Spark's ``pmod(hash(k), n) == d``, so that
-    ``repartition(n, key)`` puts destination d alone in partition d."""
-    from pyspark.sql import functions as F
+def _spark_hash_long(v: int, seed: int = 42) -> int:
+    """Spark's ``hash(v)`` of a LongType value (Murmur3 x86_32, seed 42), as a signed int32."""
+    m = 0xFFFFFFFF
 
+    def rotl(x, r):
+        return ((x << r) | (x >> (32 - r))) & m
+
+    def mix(h1, k1):
+        k1 = rotl((k1 * 0xCC9E2D51) & m, 15) * 0x1B873593 & m
+        return (rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & m
+
+    v &= 0xFFFFFFFFFFFFFFFF
+    h = mix(mix(seed, v & m), v >> 32) ^ 8
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & m
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & m
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_keys(n: int) -> list[int]:
+    """For each d in 0..n-1 a long k with Spark's ``pmod(hash(k), n) == d``, so that
+    ``repartition(n, key)`` puts destination d alone in partition d (no Spark job needed;
+    tests check the hash against Spark's)."""
     keys: dict[int, int] = {}
-    lo = 0
+    k = 0
     while len(keys) < n:
-        rows = spark.range(lo, lo + 64 * n).select("id", F.expr(f"pmod(hash(id), {n})").alias("p")).collect()
-        for r in rows:
-            keys.setdefault(int(r.p), int(r.id))
-        lo += 64 * n
+        keys.setdefault(_spark_hash_long(k) % n, k)   # Python's % is pmod for n > 0
+        k += 1
     return [keys[d] for d in range(n)]
 
 
@@ -332,7 +350,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
 
     spark = spark or get_spark(cfg.spark)
     dirs = [worker_dir_name(i, M) for i in range(M)] + [f"eval/{s}" for s in eval_names]
-    pkeys = _partition_keys(spark, len(dirs))
+    pkeys = partition_keys(len(dirs))
     routing = _routing_table(assignment, train_ids, eval_ids, pkeys)
     expected = np.bincount(routing[_DEST].to_numpy(), minlength=len(dirs))
 

@@ -1,0 +1,15 @@
+"""Plot learning curves (accuracy against epochs and against wall time, one line per run)
+from training output directories to a PNG."""
+import sys
+
+from pipeline.cli import run_job
+from pipeline.report.curves import ReportConfig, plan_report, report
+
+
+def main(argv=None) -> int:
+    return run_job(argv, prog="report", description=__doc__, config_cls=ReportConfig, run=report,
+                   plan=plan_report, default_config=None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

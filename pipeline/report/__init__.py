@@ -1,0 +1,1 @@
+"""Reports: learning curves of training runs (``curves.py``)."""

@@ -1,0 +1,336 @@
+"""Delphes selection, HLF and LLF against a direct reading of the real delphes.root, and the Spark
+feature stage (ROOT and ingested-Parquet inputs, split, balancing, scaling, bad inputs)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import hep_root_fixtures as H  # noqa: E402
+
+from pipeline.errors import BadInputError  # noqa: E402
+from pipeline.features import delphes as D  # noqa: E402
+
+N, F = D.N_PARTICLES, D.N_LLF_FEATURES
+IDX = {n: i for i, n in enumerate(D.LLF_NAMES)}
+
+
+# ------------------------------------------------------------------ direct (per-event) reference
+def _dphi(a, b):
+    return (np.asarray(a, np.float64) - b + np.pi) % (2 * np.pi) - np.pi
+
+
+def _ref_iso(pt, eta, phi, ev, exclude_self_track: bool):
+    """Isolation sums of one particle, computed directly with numpy for one event."""
+    out = []
+    for coll, key, cut in (("EFlowTrack", "PT", 0.5), ("EFlowPhoton", "ET", 1.0), ("EFlowNeutralHadron", "ET", 1.0)):
+        cpt = np.asarray(ev[f"{coll}.{key}"], np.float64)
+        dr = np.hypot(np.asarray(ev[f"{coll}.Eta"], np.float64) - eta, _dphi(ev[f"{coll}.Phi"], phi))
+        inside = (cpt > cut) & (dr < 0.3)
+        if exclude_self_track and coll == "EFlowTrack":
+            inside &= dr >= 1e-3
+        out.append(cpt[inside].sum() / pt)
+    return out
+
+
+def _ref_select(arrs):
+    """Per event: the chosen lepton (pt, eta, phi, charge, is_ele, isos) or None."""
+    res = []
+    for i in range(len(arrs)):
+        ev = {k: arrs[k][i] for k in arrs.fields}
+        leps = []
+        for coll, is_ele in (("Electron", 1.0), ("Muon", 0.0)):
+            for j in range(len(ev[f"{coll}.PT"])):
+                pt = float(ev[f"{coll}.PT"][j])
+                if pt <= 23.0:
+                    continue
+                eta, phi = float(ev[f"{coll}.Eta"][j]), float(ev[f"{coll}.Phi"][j])
+                iso = _ref_iso(pt, eta, phi, ev, True)
+                if sum(iso) < 0.45:
+                    leps.append((pt, eta, phi, float(ev[f"{coll}.Charge"][j]), is_ele, *iso))
+        res.append(max(leps, key=lambda x: x[0]) if leps else None)
+    return res
+
+
+@pytest.fixture(scope="module")
+def real_events(delphes_root):
+    import uproot
+    return uproot.open(delphes_root)["Delphes"].arrays(list(D.REQUIRED_BRANCHES))
+
+
+@pytest.fixture(scope="module")
+def boosted_file(delphes_root, tmp_path_factory):
+    """delphes.root's events with an added 40 GeV muon along the leading track (more selected events)."""
+    p = tmp_path_factory.mktemp("boosted") / "boosted.root"
+    return H.write_delphes_like(p, H.boosted(H.read_required(delphes_root)))
+
+
+@pytest.fixture(scope="module")
+def boosted_events(boosted_file):
+    import uproot
+    return uproot.open(boosted_file)["Delphes"].arrays(list(D.REQUIRED_BRANCHES))
+
+
+def test_required_branches_exist_in_real_delphes(delphes_root):
+    import uproot
+    names = set(uproot.open(delphes_root)["Delphes"].keys(recursive=True, full_paths=False))
+    assert set(D.REQUIRED_BRANCHES) <= names
+    assert D.LLF_SIZE == 15219 and D.N_HLF == 14
+
+
+@pytest.mark.parametrize("which", ["real_events", "boosted_events"])
+def test_selection_matches_direct_isolation_count(which, request):
+    arrs = request.getfixturevalue(which)
+    ref = _ref_select(arrs)
+    sel = D.select_events(arrs)
+    assert sel.index.tolist() == [i for i, r in enumerate(ref) if r is not None]
+    if which == "real_events":
+        assert sel.index.tolist() == [14]           # the one event of the sample with an isolated lepton
+    else:
+        assert len(sel.index) >= 5
+    for k, i in enumerate(sel.index):
+        r = ref[i]
+        got = [sel.lepton.pt[k], sel.lepton.eta[k], sel.lepton.phi[k], sel.lepton.charge[k], sel.lepton.is_ele[k],
+               sel.lepton.iso_ch[k], sel.lepton.iso_gamma[k], sel.lepton.iso_neu[k]]
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(r), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["real_events", "boosted_events"])
+def test_hlf_agree_with_direct_reading(which, request):
+    arrs = request.getfixturevalue(which)
+    block = D.compute_features(arrs)
+    ref = _ref_select(arrs)
+    assert block.hlf.shape == (len(block.index), 14) and block.n_read == 25
+    h = {n: block.hlf[:, i] for i, n in enumerate(D.HLF_NAMES)}
+    for k, i in enumerate(block.index):
+        jpt, jeta = np.asarray(arrs["Jet.PT"][i]), np.asarray(arrs["Jet.Eta"][i])
+        good = (jpt > 30) & (np.abs(jeta) < 2.6)
+        met, phimet = float(arrs["MissingET.MET"][i][0]), float(arrs["MissingET.Phi"][i][0])
+        lep = ref[i]
+        assert h["HT"][k] == pytest.approx(jpt[good].sum(), rel=1e-5)
+        assert h["nJets"][k] == good.sum()
+        assert h["nBjets"][k] == (good & (np.asarray(arrs["Jet.BTag"][i]) > 0)).sum()
+        assert h["MET"][k] == pytest.approx(met, rel=1e-6) and h["phiMET"][k] == pytest.approx(phimet, rel=1e-6)
+        assert h["LepPt"][k] == pytest.approx(lep[0], rel=1e-6)
+        mt = math.sqrt(2 * lep[0] * met * (1 - math.cos(lep[2] - phimet)))   # the true transverse mass
+        assert h["MT"][k] == pytest.approx(mt, rel=1e-4)
+        assert h["LepIsEle"][k] == lep[4] and h["LepCharge"][k] == lep[3]
+
+
+def _check_llf(llf, npart, lep_pt, arrs, i, caps=(450, 150, 200)):
+    """Length, lepton row, ordering, padding, group contents and caps of one event's LLF."""
+    m = llf.reshape(N, F)
+    n = int(npart)
+    assert m[0, IDX["Pt"]] == pytest.approx(lep_pt, rel=1e-6)
+    assert m[0, IDX["isEle"]] + m[0, IDX["isMu"]] == 1
+    assert not m[n:].any()                                        # zero padding after the real particles
+    lep_eta, lep_phi = m[0, IDX["Eta"]], m[0, IDX["Phi"]]
+    dr = np.hypot(m[1:n, IDX["Eta"]] - lep_eta, _dphi(m[1:n, IDX["Phi"]], lep_phi))
+    assert np.all(np.diff(dr) <= 1e-5)                            # decreasing dR from the lepton
+    trk = (m[1:n, IDX["isChHad"]] + m[1:n, IDX["isEle"]] + m[1:n, IDX["isMu"]]) == 1
+    pho, neu = m[1:n, IDX["isGamma"]] == 1, m[1:n, IDX["isNeuHad"]] == 1
+    assert trk.sum() + pho.sum() + neu.sum() == n - 1
+    # group sizes: the candidates above threshold (the lepton's own track removed), capped
+    tpt = np.asarray(arrs["EFlowTrack.PT"][i])
+    tdr = np.hypot(np.asarray(arrs["EFlowTrack.Eta"][i]) - lep_eta, _dphi(arrs["EFlowTrack.Phi"][i], lep_phi))
+    n_trk = int(((tpt > 0.5) & (tdr >= 1e-3)).sum())
+    n_pho = int((np.asarray(arrs["EFlowPhoton.ET"][i]) > 1).sum())
+    n_neu = int((np.asarray(arrs["EFlowNeutralHadron.ET"][i]) > 1).sum())
+    assert (trk.sum(), pho.sum(), neu.sum()) == (min(n_trk, caps[0]), min(n_pho, caps[1]), min(n_neu, caps[2]))
+    # when a cap bites, the highest-pT (ET) ones are kept
+    bit = False
+    for mask, coll, key, cap, n_all in ((pho, "EFlowPhoton", "ET", caps[1], n_pho),
+                                        (neu, "EFlowNeutralHadron", "ET", caps[2], n_neu)):
+        if n_all > cap:
+            et = np.sort(np.asarray(arrs[f"{coll}.{key}"][i]))[::-1]
+            assert m[1:n][mask, IDX["Pt"]].min() == pytest.approx(et[cap - 1], rel=1e-6)
+            bit = True
+    return bit
+
+
+def test_llf_layout_on_selected_events(boosted_events):
+    block = D.compute_features(boosted_events)
+    assert block.llf.shape == (len(block.index), 15219) and block.llf.dtype == np.float32
+    for k, i in enumerate(block.index):
+        _check_llf(block.llf[k], block.n_particles[k], block.hlf[k, 6], boosted_events, i)
+
+
+@pytest.mark.parametrize("caps", [(450, 150, 200), (40, 30, 20)])
+def test_llf_caps_and_isolation_before_selection(real_events, caps, monkeypatch):
+    """Every event of delphes.root, with its leading track taken as a pseudo-lepton: group sizes,
+    ordering and padding, the caps (the sample never reaches 150 photons, so smaller caps are
+    patched in too, to see them bite) and each particle's isolation."""
+    import awkward as ak
+
+    monkeypatch.setitem(D.CAPS, "tracks", caps[0])
+    monkeypatch.setitem(D.CAPS, "photons", caps[1])
+    monkeypatch.setitem(D.CAPS, "neutrals", caps[2])
+    cands = D.candidates(real_events)
+    trk = cands["tracks"]
+    lead = ak.firsts(trk[ak.argsort(trk.pt, axis=1, ascending=False)])
+    lep = ak.zip({"pt": lead.pt, "eta": lead.eta, "phi": lead.phi, "charge": ak.values_astype(lead.charge, np.float32),
+                  "is_ele": lead.pt * 0, "iso_ch": lead.pt * 0, "iso_gamma": lead.pt * 0, "iso_neu": lead.pt * 0})
+    llf, npart = D.low_level(real_events, lep, cands)
+    capped = [_check_llf(llf[i], npart[i], float(lead.pt[i]), real_events, i, caps) for i in range(len(real_events))]
+    assert any(capped) == (caps[1] < 150)   # the small caps were exercised
+    # isolation of a few particles of event 3 against the direct sums (the particle itself excluded)
+    ev = {k: real_events[k][3] for k in real_events.fields}
+    m = llf[3].reshape(N, F)
+    for row in (1, 5, int(npart[3]) - 1):
+        pt, eta, phi = (float(m[row, IDX[c]]) for c in ("Pt", "Eta", "Phi"))
+        ref = np.asarray(_ref_iso(pt, eta, phi, ev, False))
+        own = 0 if m[row, IDX["isChHad"]] + m[row, IDX["isEle"]] + m[row, IDX["isMu"]] == 1 else \
+            (1 if m[row, IDX["isGamma"]] == 1 else 2)
+        ref[own] -= 1.0                     # its own pT/pT
+        got = m[row, [IDX["ChPFIso"], IDX["GammaPFIso"], IDX["NeuPFIso"]]]
+        np.testing.assert_allclose(got, np.maximum(ref, 0), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the Spark stage
+@pytest.fixture(scope="module")
+def three_samples(delphes_root, tmp_path_factory):
+    """qcd/ttbar/wjets Delphes-layout files (boosted delphes.root events, different subsets)."""
+    base = tmp_path_factory.mktemp("sim")
+    colls = H.boosted(H.read_required(delphes_root))
+    subsets = {"qcd": list(range(0, 14)), "ttbar": list(range(25)), "wjets": list(range(24, -1, -1))}
+    for name, idx in subsets.items():
+        (base / name).mkdir()
+        H.write_delphes_like(base / name / f"{name}_0000.root", H.take(colls, idx))
+    return base
+
+
+def _samples(base):
+    return [{"name": "qcd", "label": "qcd", "files": [f"{base}/qcd/*.root"]},
+            {"name": "ttbar", "label": 1, "files": [f"{base}/ttbar/*.root"]},
+            {"name": "wjets", "label": 2, "files": [f"{base}/wjets/*.root"]}]
+
+
+def _table(path):
+    return pads.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_table().to_pandas()
+
+
+def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_path):
+    from pipeline.features.stage import FeaturesConfig, build_features
+    from pipeline.ingest.root import IngestRootConfig, ingest_root
+    from pipeline.schemas import load_schema, validate_parquet
+    import pyarrow.parquet as pq
+
+    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f_root"), step_size=10,
+                         test_fraction=0.2, val_fraction=0.15, seed=7, llf_row_group_mb=0.25)
+    rep = build_features(cfg, spark=spark)
+    files = {os.path.basename(f["file"]): f for f in rep["files"]}
+    assert [files[n]["events_read"] for n in ("qcd_0000.root", "ttbar_0000.root", "wjets_0000.root")] == [14, 25, 25]
+    sel = {n: files[n]["selected"] for n in files}
+    assert sel["ttbar_0000.root"] == sel["wjets_0000.root"] >= 5 and sel["qcd_0000.root"] >= 2
+    assert all(f["written"] == f["selected"] for f in rep["files"])
+    hlf = _table(rep["hlf"])
+    llf = _table(rep["llf"])
+    total = sum(sel.values())
+    assert sorted(hlf.sample_id) == list(range(total)) == sorted(llf.sample_id)   # dense, stable ids
+    # exact stratified split sizes
+    for lab, n in zip((0, 1, 2), (sel["qcd_0000.root"], sel["ttbar_0000.root"], sel["wjets_0000.root"])):
+        c = hlf[hlf.label == lab].split.value_counts().to_dict()
+        assert c.get("test", 0) == math.floor(n * 0.2) and c.get("val", 0) == math.floor(n * 0.15)
+    validate_parquet(rep["hlf"], load_schema("hlf", 1))
+    validate_parquet(rep["llf"], load_schema("llf", 1))
+    assert all(len(x) == 15219 for x in llf.llf) and all(len(x) == 14 for x in hlf.hlf)
+    # row groups sized for Petastorm: 0.25 MiB requested -> row groups of a few 61 kB events
+    parts = [os.path.join(rep["llf"], p) for p in os.listdir(rep["llf"]) if p.endswith(".parquet")]
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in parts) == total
+    # scaling fitted on train only; LLF statistics over real particles only
+    sc = json.loads((tmp_path / "f_root" / "scaling.json").read_text())
+    train = hlf[hlf.split == "train"]
+    x = np.stack(train.hlf.to_numpy()).astype(np.float64)
+    np.testing.assert_allclose(sc["hlf"]["mean"], x.mean(axis=0), rtol=1e-6, atol=1e-6)
+    std = x.std(axis=0)
+    np.testing.assert_allclose(sc["hlf"]["std"], np.where(std > 0, std, 1.0), rtol=1e-6, atol=1e-6)
+    tl = llf[llf.split == "train"]
+    real = np.concatenate([np.asarray(v, np.float64).reshape(N, F)[:n] for v, n in zip(tl.llf, tl.n_particles)])
+    np.testing.assert_allclose(sc["llf"]["mean"], real.mean(axis=0), rtol=1e-6, atol=1e-6)
+    assert sc["llf"]["count"] == len(real) and len(sc["llf"]["std"]) == 19
+    from pipeline.features.scaling import ScalingModel
+    model = ScalingModel.load(tmp_path / "f_root" / "scaling.json")
+    scaled = model.transform_llf(np.stack(tl.llf.to_numpy()), tl.n_particles.to_numpy()).reshape(-1, N, F)
+    assert not scaled[0, int(tl.n_particles.iloc[0]):].any()          # padding stays zero
+
+    # the same files ingested first, then the stage on the Parquet: identical datasets
+    ev = tmp_path / "events"
+    ingest_root(IngestRootConfig(input=f"{three_samples}/*/*.root", tree="Delphes", output=str(ev),
+                                 filter_name=list(D.REQUIRED_BRANCHES), schema_dir=str(tmp_path / "schemas")),
+                spark=spark)
+    cfg2 = cfg.model_copy(update={"input": str(ev), "output": str(tmp_path / "f_pq")})
+    rep2 = build_features(cfg2, spark=spark)
+    hlf2 = _table(rep2["hlf"])
+    a = hlf.sort_values("sample_id").reset_index(drop=True)
+    b = hlf2.sort_values("sample_id").reset_index(drop=True)
+    assert a.split.tolist() == b.split.tolist() and a.label.tolist() == b.label.tolist()
+    np.testing.assert_array_equal(np.stack(a.hlf.to_numpy()), np.stack(b.hlf.to_numpy()))
+
+
+def test_parquet_row_groups_follow_the_setting(spark, tmp_path):
+    """The writer of hlf/ and llf/ cuts row groups at about the requested size (Petastorm reads
+    one row group at a time): 120 rows of 61 kB random LLF with 1 MiB row groups."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import ArrayType, FloatType, LongType, StructField, StructType
+    from pipeline.features.stage import _write
+
+    rng = np.random.default_rng(0)
+    rows = [(i, rng.standard_normal(D.LLF_SIZE).astype(np.float32).tolist()) for i in range(120)]
+    df = spark.createDataFrame(rows, StructType([StructField("sample_id", LongType()),
+                                                 StructField("llf", ArrayType(FloatType()))]))
+    _write(df, tmp_path / "llf", 1, 1.0)
+    part = [p for p in os.listdir(tmp_path / "llf") if p.endswith(".parquet")][0]
+    meta = pq.ParquetFile(tmp_path / "llf" / part).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sum(sizes) == 120 and len(sizes) >= 4 and max(sizes) <= 40
+
+
+def test_feature_stage_balancing_is_seeded(spark, three_samples, tmp_path):
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "b1"), test_fraction=0.3,
+                         val_fraction=0.0, balance_classes=True, seed=3)
+    rep = build_features(cfg, spark=spark)
+    hlf = _table(rep["hlf"])
+    for split in ("train", "test"):
+        counts = hlf[hlf.split == split].label.value_counts()
+        assert len(counts) == 3 and counts.nunique() == 1               # balanced in every split
+    assert rep["classes"]["0"]["train"] == rep["classes"]["1"]["train"] == (hlf.split == "train").sum() / 3
+
+
+def test_feature_stage_bad_inputs(spark, delphes_root, bad_delphes_root, tmp_path):
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    empty = H.write_delphes_like(tmp_path / "empty.root", H.read_required(delphes_root), empty=True)
+    plain = H.write_plain_tree(tmp_path / "plain.root")
+    cfg = FeaturesConfig(input=[str(delphes_root), str(bad_delphes_root), str(plain), str(empty)],
+                         samples=[{"name": "ttbar", "label": 1, "files": ["*.root"]}],
+                         output=str(tmp_path / "out"))
+    with pytest.raises(BadInputError) as ei:
+        build_features(cfg, spark=spark)
+    assert "\n" not in str(ei.value) and "2 of 4 input file(s) failed" in str(ei.value)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    reasons = {os.path.basename(b["file"]): b["reason"] for b in rep["bad_files"]}
+    assert "no tree 'Delphes'" in reasons["bad_delphes.root"]
+    assert "missing branch 'Electron.PT'" in reasons["plain.root"]
+    files = {os.path.basename(f["file"]): f for f in rep["files"]}
+    assert files["empty.root"]["events_read"] == 0 and files["empty.root"]["error"] is None
+    assert (files["delphes.root"]["events_read"], files["delphes.root"]["selected"]) == (25, 1)
+    assert len(_table(tmp_path / "out" / "hlf")) == 1
+
+
+def test_features_job_dry_run_and_config_errors(repo, capsys):
+    from jobs.features import main
+
+    assert main(["--config", str(repo / "configs" / "features.yaml"), "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["required_branches"] == list(D.REQUIRED_BRANCHES)
+    assert main(["--config", str(repo / "configs" / "features.yaml"), "--set", "test_fraction=0.9",
+                 "--set", "val_fraction=0.2", "--dry-run"]) == 2
+    assert "test_fraction + val_fraction" in capsys.readouterr().err

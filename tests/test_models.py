@@ -1,0 +1,66 @@
+"""Models: shapes, sizes and the particle-sequence masking."""
+from __future__ import annotations
+
+import torch
+
+from pipeline.train.models import (HLFClassifier, InclusiveClassifier, LeNet5, ParticleGRU, ResNet20,
+                                   build_model)
+
+
+def n_params(m) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def test_lenet5_shapes_and_size():
+    m = LeNet5(1, 28, 28, 10)
+    assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert n_params(m) == 61706  # the classic LeNet-5 (28x28 padded like the 32x32 original)
+    assert LeNet5(3, 32, 32, 10)(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+    assert LeNet5(1, 8, 8, 10)(torch.zeros(1, 1, 8, 8)).shape == (1, 10)  # sklearn digits
+
+
+def test_resnet20_shape_and_size():
+    m = ResNet20(3, 10)
+    assert m(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert 0.26e6 < n_params(m) < 0.28e6  # He et al.: 0.27M
+    assert sum(1 for x in m.modules() if isinstance(x, torch.nn.Conv2d)) == 19  # + 1 dense = 20 layers
+
+
+def test_hlf_classifier_layers():
+    m = HLFClassifier()
+    widths = [(x.in_features, x.out_features) for x in m.modules() if isinstance(x, torch.nn.Linear)]
+    assert widths == [(14, 50), (50, 20), (20, 10), (10, 3)]
+    assert m(torch.zeros(5, 14)).shape == (5, 3)
+
+
+def test_gru_masks_padded_particles():
+    torch.manual_seed(0)
+    m = ParticleGRU().eval()
+    x = torch.randn(3, 801, 19)
+    n = torch.tensor([5, 801, 40])
+    out = m(x, n)
+    x2 = x.clone()
+    x2[0, 5:] = 99.0  # garbage in the padding must not matter
+    x2[2, 40:] = -7.0
+    assert torch.allclose(m(x2, n), out, atol=1e-6)
+    x3 = x.clone()
+    x3[0, 4] += 1.0  # a real particle does
+    assert not torch.allclose(m(x3, n)[0], out[0])
+    assert m.branch.gru.hidden_size == 50 and out.shape == (3, 3)
+
+
+def test_inclusive_classifier_concatenates_hlf():
+    torch.manual_seed(0)
+    m = InclusiveClassifier().eval()
+    assert (m.fc1.in_features, m.fc1.out_features, m.fc2.out_features) == (50 + 14, 25, 3)
+    x, n, h = torch.randn(2, 801, 19), torch.tensor([3, 9]), torch.randn(2, 14)
+    out = m(x, n, h)
+    h2 = h.clone()
+    h2[0, 0] += 5
+    assert out.shape == (2, 3) and not torch.allclose(m(x, n, h2)[0], out[0])
+
+
+def test_build_model_names():
+    for name, shape, classes in (("lenet5", {"channels": 1, "height": 28, "width": 28}, 10), ("resnet20", {}, 10),
+                                 ("hlf", {}, 3), ("gru", {}, 3), ("inclusive", {}, 3)):
+        assert isinstance(build_model(name, classes, shape), torch.nn.Module)

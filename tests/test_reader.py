@@ -1,0 +1,115 @@
+"""The Petastorm reader of a worker's shard: seeded per (worker, epoch), NCHW floats, clear errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pipeline.data.reader import ShardReader, epoch_seed, load_manifest, read_all
+from pipeline.errors import BadInputError
+from train_fixtures import mnist_digits, write_digit_shards
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_digit_shards(tmp_path_factory.mktemp("rd") / "shards", workers=2, n_train=640, n_test=128,
+                              n_val=64, row_group_rows=64)
+
+
+def _epoch(path, seed, batch=32):
+    with ShardReader(path, batch, "image", seed=seed, shuffle_buffer=256, with_ids=True) as r:
+        return [(x[0], y, ids) for x, y, ids in r]
+
+
+def test_epoch_covers_shard_once_in_seeded_order(shards):
+    man = load_manifest(str(shards))
+    w = man.workers[0]
+    a = _epoch(w.path, epoch_seed(0, w.seed, 0))
+    ids = torch.cat([b[2] for b in a]).numpy()
+    expected = {i for a_, b_ in man.raw["workers"][0]["sample_ids"] for i in range(a_, b_ + 1)}
+    assert len(ids) == w.rows == len(set(ids.tolist())) and set(ids.tolist()) == expected
+    again = torch.cat([b[2] for b in _epoch(w.path, epoch_seed(0, w.seed, 0))]).numpy()
+    assert np.array_equal(ids, again)  # same (worker, epoch) -> same order
+    nxt = torch.cat([b[2] for b in _epoch(w.path, epoch_seed(0, w.seed, 1))]).numpy()
+    assert not np.array_equal(ids, nxt) and sorted(nxt.tolist()) == sorted(ids.tolist())  # next epoch: reshuffled
+    assert not np.array_equal(ids[:64], np.sort(ids)[:64])  # actually shuffled, not file order
+    other = man.workers[1]
+    assert epoch_seed(0, w.seed, 0) != epoch_seed(0, other.seed, 0)
+
+
+def test_reader_does_not_disturb_model_rng(shards):
+    man = load_manifest(str(shards))
+    torch.manual_seed(3)
+    _epoch(man.workers[0].path, 5)
+    x = torch.rand(3)
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(3), x)
+
+
+def test_images_are_normalised_nchw_and_match_the_pixels(shards):
+    man = load_manifest(str(shards))
+    X, y = mnist_digits()
+    with ShardReader(man.workers[1].path, 16, "image", shuffle=False, with_ids=True) as r:
+        (x,), labels, ids = next(iter(r))
+    assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32
+    assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+    i = int(ids[3])
+    assert np.allclose(x[3, 0].numpy(), X[i].reshape(28, 28) / 255.0)
+    assert int(labels[3]) == int(y[i])
+
+
+def test_eval_reading_splits_rows_between_ranks(shards):
+    man = load_manifest(str(shards))
+    path = man.eval["test"]
+    full = torch.cat([y for _, y in read_all(path, "image")])
+    parts = [torch.cat([y for _, y in read_all(path, "image", batch_size=50, rank=r, world=3)]) for r in range(3)]
+    assert sum(len(p) for p in parts) == len(full) == 128
+    assert torch.equal(parts[1], full[1::3])
+
+
+def test_llf_scaling_keeps_padding_zero(tmp_path):
+    rng = np.random.default_rng(0)
+    n_part = np.array([3, 801, 0, 10], np.int32)
+    llf = np.zeros((4, 801, 19), np.float32)
+    for i, n in enumerate(n_part):
+        llf[i, :n] = rng.normal(5, 2, (n, 19))
+    d = tmp_path / "llf"
+    d.mkdir()
+    pq.write_table(pa.table({"sample_id": np.arange(4), "label": np.array([0, 1, 2, 1]),
+                             "llf": pa.array(list(llf.reshape(4, -1)), type=pa.list_(pa.float32())),
+                             "n_particles": n_part, "hlf": pa.array(list(rng.normal(size=(4, 14)).astype(np.float32)),
+                                                                    type=pa.list_(pa.float32()))}), d / "p.parquet")
+    scaling = {"llf": {"mean": [5.0] * 19, "std": [2.0] * 19}, "hlf": {"mean": [0.0] * 14, "std": [1.0] * 14}}
+    with ShardReader(str(d), 4, "inclusive", shuffle=False, scaling=scaling) as r:
+        (x, n, h), y = next(iter(r))
+    assert x.shape == (4, 801, 19) and h.shape == (4, 14)
+    assert torch.equal(n, torch.tensor([3, 801, 0, 10]))
+    assert float(x[0, 3:].abs().max()) == 0.0 and float(x[2].abs().max()) == 0.0
+    assert torch.allclose(x[0, :3], (torch.from_numpy(llf[0, :3]) - 5) / 2)
+
+
+def test_manifest_errors_name_file_and_key(tmp_path, shards):
+    with pytest.raises(BadInputError, match="not found"):
+        load_manifest(str(tmp_path / "nope.json"))
+    m = json.loads(shards.read_text())
+    del m["eval"]
+    p = tmp_path / "manifest.json"
+    p.write_text(json.dumps(m))
+    with pytest.raises(BadInputError, match=r"manifest.json: manifest key 'eval' missing"):
+        load_manifest(str(p))
+    m = json.loads(shards.read_text())
+    m["layout"]["copies"] = 3
+    p.write_text(json.dumps(m))
+    with pytest.raises(BadInputError, match="copies=3"):
+        load_manifest(str(p))
+
+
+def test_overlap_epoch_rule(shards):
+    man = load_manifest(str(shards))
+    assert man.copies == 1 and man.overlap_epochs(5) == 5
+    man.copies = 2
+    assert [man.overlap_epochs(e) for e in (1, 2, 3, 4, 5)] == [1, 1, 2, 2, 3]
