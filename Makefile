@@ -14,8 +14,11 @@ $(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup
 	bash scripts/setup.sh
 	touch $(STAMP)
 
-## make run: the main job end to end on local Spark
-run: run-images
+## make run: the main job (the HEP pipeline) end to end on local Spark
+run: run-hep
+
+run-hep: setup
+	$(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g jobs/run_hep.py --config configs/run_hep.yaml
 
 run-images: setup
 	$(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g jobs/run_images.py --config configs/run_images.yaml

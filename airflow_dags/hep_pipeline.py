@@ -68,6 +68,6 @@ with DAG(
     train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
                                "model": "{{ params.model }}",
                                "workers": "{{ params.workers }}", "algorithm.name": "{{ params.algorithm }}"}, S)
-    report = job_task("report", {"input": P["train"], "output": P["report"]}, S)
+    report = job_task("report", {"runs": [P["train"]], "output": P["report"] + "/learning_curves.png"}, S)
     branch >> [simulate, ingest]
     simulate >> ingest >> features >> shard >> train >> report

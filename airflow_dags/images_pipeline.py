@@ -51,5 +51,5 @@ with DAG(
     train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
                                "workers": "{{ params.workers }}", "model": "{{ params.model }}",
                                "algorithm.name": "{{ params.algorithm }}"}, S)
-    report = job_task("report", {"input": P["train"], "output": P["report"]}, S)
+    report = job_task("report", {"runs": [P["train"]], "output": P["report"] + "/learning_curves.png"}, S)
     ingest >> shard >> train >> report

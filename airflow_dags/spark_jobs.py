@@ -108,11 +108,15 @@ class DagSettings:
 
 
 def job_args(job: str, sets: Mapping[str, Any], cfg_dir: Optional[Path] = None) -> list[str]:
-    """``--config <dir>/<job>.yaml --set spark.master=... --set k=v ...`` (templated strings)."""
+    """``--config <dir>/<job>.yaml --set spark.master=... --set k=v ...`` (templated strings).
+    Values that are lists are passed as YAML flow lists (``k=[a, b]``)."""
     cfg_dir = cfg_dir or config_dir()
-    args = ["--config", str(cfg_dir / f"{job}.yaml"),
-            "--set", "spark.master={{ params.spark_master or 'null' }}"]
+    cfg = cfg_dir / f"{job}.yaml"
+    args = ["--config", str(cfg)] if cfg.is_file() else []  # no file: the job's own defaults
+    args += ["--set", "spark.master={{ params.spark_master or 'null' }}"]
     for k, v in sets.items():
+        if isinstance(v, (list, tuple)):
+            v = "[" + ", ".join(str(x) for x in v) + "]"
         args += ["--set", f"{k}={v}"]
     return args
 

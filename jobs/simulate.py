@@ -5,23 +5,12 @@ import sys
 
 from pipeline.cli import run_job
 from pipeline.simulate.config import SimulateConfig
-
-
-def _generate(cfg):
-    from pipeline.simulate.stage import generate
-
-    return generate(cfg)
-
-
-def _plan(cfg):
-    from pipeline.simulate.stage import plan_generate
-
-    return plan_generate(cfg)
+from pipeline.simulate.stage import generate, plan_generate
 
 
 def main(argv=None) -> int:
     return run_job(argv, prog="simulate", description=__doc__, config_cls=SimulateConfig,
-                   run=_generate, plan=_plan, default_config=None)
+                   run=generate, plan=plan_generate, default_config=None)
 
 
 if __name__ == "__main__":

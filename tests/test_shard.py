@@ -23,7 +23,8 @@ from jobs.shard import main as shard_main
 from pipeline.errors import BadInputError, ConfigError
 from pipeline.outputs import uri
 from pipeline.schemas import load_schema, validate_parquet
-from pipeline.shards.materialize import MANIFEST_FORMAT, ShardConfig, shard
+from pipeline.shards.materialize import (MANIFEST_FORMAT, ShardConfig, _spark_hash_long, pack_destinations,
+                                        partition_keys, shard)
 from pipeline.shards.schemes import assign, expand_ranges, layout_from_manifest
 
 M = 4
@@ -83,6 +84,7 @@ def check_manifest_against_parquet(out: Path, source: pa.Table, row_group_rows: 
         assert w["worker"] == i and d == out / f"worker_{i:03d}" and d.is_dir()
         on_disk = _files(d)
         assert [p.name for p in on_disk] == sorted(w["files"])       # no stray files (no .crc, _SUCCESS)
+        assert len(on_disk) == 1                                     # one writer task per directory
         rows = 0
         for p in on_disk:
             md = pq.ParquetFile(p).metadata
@@ -145,6 +147,12 @@ def test_materialise_every_scheme_for_4_workers(name, spark, digits, digits_tabl
     expected_groups = {"full_overlap": [[0, 1, 2, 3]], "coarse": [[0, 2], [1, 3]], "households": [[0, 2], [1, 3]],
                        "neighbourhoods": [[0, 2], [1, 3]]}.get(name, [])
     assert groups == expected_groups
+    # what training reads (pipeline.data.reader): copies for E_overlap, per-worker seeds, eval paths
+    from pipeline.data.reader import load_manifest
+    loaded = load_manifest(str(out / "manifest.json"))
+    assert loaded.copies == expected_copies and loaded.num_workers == M
+    assert [w.seed for w in loaded.workers] == [w["seed"] for w in man["workers"]]
+    assert set(loaded.eval) == {"test", "val"}
     if name == "neighbourhoods":
         assert [w["group"] for w in man["workers"]] == [
             {"household": h, "neighbourhood": h // 2} for h in range(4)]
@@ -191,6 +199,26 @@ def test_exact_input_types_and_extra_splits_are_kept(spark, tmp_path):
     by_id = {int(s): imgs[s - 100] for s in w0.column("sample_id").to_pylist()}
     for s, img in zip(w0.column("sample_id").to_pylist(), w0.column("image").to_pylist()):
         assert np.array_equal(np.array(img, np.uint8), by_id[s])
+
+
+def test_partition_keys_match_sparks_hash(spark):
+    """The routing relies on Spark's hash: key k of partition p must satisfy pmod(hash(k), P) == p."""
+    from pyspark.sql import functions as F
+
+    vals = [0, 1, -1, 7, 2**40 + 3, -(2**63), 2**63 - 1] + partition_keys(5)
+    rows = spark.createDataFrame([(v,) for v in vals], "v long").select("v", F.hash("v").alias("h")).collect()
+    assert [_spark_hash_long(r.v) for r in rows] == [r.h for r in rows]
+    keys = partition_keys(5)
+    got = spark.createDataFrame([(k, p) for p, k in enumerate(keys)], "k long, p int").repartition(5, "k") \
+        .select("p", F.spark_partition_id().alias("i")).collect()
+    assert sorted((r.p, r.i) for r in got) == [(p, p) for p in range(5)]
+
+
+def test_pack_destinations_balances_rows():
+    part = pack_destinations(np.array([100, 100, 50, 50, 30, 30, 20, 20]), 2)
+    loads = np.bincount(part, weights=[100, 100, 50, 50, 30, 30, 20, 20])
+    assert loads.tolist() == [200, 200]
+    assert pack_destinations(np.array([5, 5, 5]), 8).tolist() == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------- bad input

@@ -194,6 +194,12 @@ def test_plan_and_dry_run(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_default_config_file_matches_model_defaults(repo):
+    from pipeline.config import load_config
+
+    assert load_config(SimulateConfig, repo / "configs" / "simulate.yaml") == SimulateConfig()
+
+
 @pytest.mark.parametrize("override, word", [("events=0", "events"), ("processes=[ttbar, zjets]", "processes"),
                                             ("detector.btag_efficiency=1.2", "btag_efficiency"),
                                             ("pythia={higgs: []}", "higgs")])

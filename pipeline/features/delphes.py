@@ -325,3 +325,11 @@ def build_features(cfg, spark=None) -> dict:
     from .stage import build_features as _run
 
     return _run(cfg, spark=spark)
+
+
+def __getattr__(name: str):
+    """``FeaturesConfig`` lives in :mod:`pipeline.features.stage`; importable from here too."""
+    if name == "FeaturesConfig":
+        from .stage import FeaturesConfig
+        return FeaturesConfig
+    raise AttributeError(name)

@@ -477,4 +477,7 @@ def _write(df, path: Path, n_files: int, row_group_mb: float) -> None:
     (df.coalesce(n_files).write.mode("overwrite")
      .option("parquet.block.size", str(max(1, int(row_group_mb * (1 << 20)))))
      .option("parquet.block.size.row.check.min", "4")
+     .option("parquet.block.size.row.check.max", "16")
+     .option("parquet.page.size.row.check.min", "4")      # older parquet-mr: also the row-group check
+     .option("parquet.page.size.row.check.max", "16")
      .parquet(uri(path)))

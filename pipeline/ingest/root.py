@@ -2,34 +2,40 @@
 
 Design
 ------
-1. **Plan on the driver.** ``resolve_files`` expands the inputs (paths, globs, ``samples:NAME``
-   for the cached coffea sample files, ``root://`` URLs when fsspec-xrootd is installed).
-   ``plan_chunks`` opens each file's tree metadata with uproot, resolves the branch selection
-   (uproot ``filter_name`` semantics: exact names, globs, ``/regex/``) and cuts the entries into
-   ranges of about ``step_size`` (``"100 MB"`` of uncompressed branch data, or a number of
-   entries), snapped to the basket clusters shared by the selected branches so no basket is
-   decompressed twice. A file that cannot be opened, lacks the tree or lacks a requested branch
-   becomes a :class:`BadFile` (file, reason); an empty tree gives no chunk.
-2. **Derive the schema once.** The Arrow schema is read from the first good file (a zero-entry
-   read): jagged branches are ``list<T>``, fixed-size arrays (``float[5]``) ``fixed_size_list``,
-   unsigned types stay unsigned. Branches matched by a pattern whose type has no Parquet form
-   here (ROOT objects such as ``TRef``/``TLorentzVector``) are skipped with one log line; asking
-   for such a branch by its exact name is an error.
-3. **Read in Spark tasks.** The chunk descriptors become a DataFrame (one chunk per partition)
-   and ``mapInArrow`` runs :func:`_ingest_partition` in the executors: uproot reads the entry
-   range into awkward arrays, ``ak.to_arrow_table(..., extensionarray=False)`` makes plain Arrow,
-   and the task writes ``part-<chunk>.parquet`` itself with pyarrow, returning one status row
-   per chunk. Writing in the task keeps the exact Arrow types (Spark's Arrow bridge has no
-   unsigned integers or fixed-size lists) and avoids a JVM round trip of the data; it needs an
-   output directory that driver and executors share (local mode, or a shared mount).
-4. **Commit.** Parts of files that failed while being read are removed; the output directory
-   (``atomic_output_dir``) gets ``_report.json`` (per file: entries, rows, parts, or the reason it
-   failed) and ``_schema.json``; the schema is registered as ``schemas/root/<tree>/vN.json``.
-   If any file failed the function raises :class:`BadInputError` after committing the good
-   files, unless ``allow_bad_files`` is set.
+1. **Plan.** ``resolve_files`` expands the inputs (paths, globs, ``samples:NAME`` for the cached
+   coffea sample files, ``root://`` URLs when fsspec-xrootd is installed). The driver opens the
+   first good file's tree metadata with uproot, resolves the branch selection (uproot
+   ``filter_name`` semantics: exact names, globs, ``/regex/``) and derives the Arrow schema from a
+   zero-entry read: jagged branches are ``list<T>``, fixed-size arrays (``float[5]``)
+   ``fixed_size_list``, unsigned types stay unsigned. Branches matched by a pattern whose type has
+   no Parquet form here (ROOT objects such as ``TRef``/``TLorentzVector``) are skipped with one
+   log line; asking for such a branch by its exact name is an error.
+2. **Phase 1, one Spark task per file** (:func:`_scan_partition`): open the file's tree metadata
+   (:func:`plan_file`), check the tree and the branches, and cut the entries into ranges of about
+   ``step_size`` (``"100 MB"`` of uncompressed branch data, or a number of entries), snapped to the
+   basket clusters shared by the selected branches. A file that is one chunk is converted in the
+   same task (no second open); a larger file returns its ranges to the driver. Opening a Delphes
+   file's metadata costs about as much as converting it, so doing it once, in parallel, is what
+   keeps the job near the bare single-process throughput per core (``bench/ingest.py``).
+3. **Phase 2, one Spark task per chunk** of the larger files: the driver turns the ranges into a
+   DataFrame of chunk descriptors (one per partition) and ``mapInArrow`` runs
+   :func:`_ingest_partition` in the executors.
+   In both phases a task reads with uproot into awkward arrays, converts with
+   ``ak.to_arrow_table(..., extensionarray=False)`` and writes its ``part-f<file>-c<chunk>.parquet``
+   itself with pyarrow, returning a small status row. Writing in the task keeps the exact Arrow
+   types (Spark's Arrow bridge has no unsigned integers or fixed-size lists) and avoids a JVM
+   round trip of the data; the output directory must be visible to driver and executors (local
+   mode, or a shared mount).
+4. **Commit.** A file that cannot be opened, lacks the tree or a requested branch, or fails while
+   being read is reported (file, reason) in ``_report.json`` and one log line, and its parts are
+   removed; an empty tree gives no rows and no error. The output directory (``atomic_output_dir``)
+   gets ``_report.json`` (per file: entries, rows, parts with their entry ranges, or the reason it
+   failed) and ``_schema.json``; the schema is registered as ``schemas/root/<tree>/vN.json``. If
+   any file failed the function raises :class:`BadInputError` after committing the good files,
+   unless ``allow_bad_files`` is set.
 
-The planning helpers (:func:`resolve_files`, :func:`plan_chunks`, :func:`chunks_dataframe`) are
-reused by the Delphes feature stage.
+:func:`plan_chunks` (the same per-file planning, serially on the driver), :func:`resolve_files`
+and :func:`chunks_dataframe` are reused by the Delphes feature stage.
 """
 from __future__ import annotations
 
@@ -280,50 +286,66 @@ def _ranges(t, branches: list[str], mode: str, size: int, start: int, stop: int)
     return out
 
 
+def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[list[str]], mode: str, size: int,
+              entry_start: Optional[int] = None, entry_stop: Optional[int] = None):
+    """Open one file's tree metadata: (tree, branches, entries, entry ranges). BadInputError if unusable.
+
+    ``resolved`` is the branch list fixed by the first good file (None: resolve it here).
+    """
+    t = open_tree(path, tree)
+    matched, missing = _match(filter_name, _leaf_names(t))
+    if missing:
+        raise BadInputError(f"missing branch {missing[0]!r} in tree {tree!r}")
+    if not matched:
+        raise BadInputError(f"no branch of tree {tree!r} matches {filter_name}")
+    if resolved is None:
+        resolved = _supported(t, matched, filter_name)
+    else:
+        have = set(matched)
+        absent = [b for b in resolved if b not in have]
+        if absent:
+            raise BadInputError(f"missing branch {absent[0]!r} in tree {tree!r}")
+    n = int(t.num_entries)
+    a = min(entry_start or 0, n)
+    b = n if entry_stop is None else min(entry_stop, n)
+    return t, resolved, max(0, b - a), _ranges(t, resolved, mode, size, a, b)
+
+
+def _error_text(e: BaseException) -> str:
+    return str(e) if isinstance(e, BadInputError) else f"{type(e).__name__}: {_first_line(e)}"
+
+
 def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: Union[int, str] = "100 MB",
                 entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
-                progress: bool = True) -> Plan:
-    """Open each file's tree metadata and cut it into chunks; bad files are recorded, not raised."""
+                progress: bool = True, stop_after_first_good: bool = False) -> Plan:
+    """Open each file's tree metadata on the driver and cut it into chunks; bad files are recorded,
+    not raised. The branch selection and the Arrow schema come from the first good file."""
     mode, size = parse_step_size(step_size)
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
     resolved: Optional[list[str]] = None
     schema = None
     it: Iterable = enumerate(files)
-    if progress and len(files) > 3:
+    if progress and len(files) > 3 and not stop_after_first_good:
         from tqdm import tqdm
         it = tqdm(it, total=len(files), desc="planning ROOT chunks", unit="file", leave=False)
     for i, path in it:
         info = FileInfo(i, path)
         infos.append(info)
         try:
-            t = open_tree(path, tree)
-            names = _leaf_names(t)
-            matched, missing = _match(filter_name, names)
-            if missing:
-                raise BadInputError(f"missing branch {missing[0]!r} in tree {tree!r}")
-            if not matched:
-                raise BadInputError(f"no branch of tree {tree!r} matches {filter_name}")
+            t, branches, info.entries, ranges = plan_file(path, tree, filter_name, resolved, mode, size,
+                                                          entry_start, entry_stop)
             if resolved is None:
-                resolved = _supported(t, matched, filter_name)
-                schema = arrow_schema(t, resolved)
-            else:
-                absent = [b for b in resolved if b not in set(matched)]
-                if absent:
-                    raise BadInputError(f"missing branch {absent[0]!r} in tree {tree!r}")
-            n = int(t.num_entries)
-            a = min(entry_start or 0, n)
-            b = n if entry_stop is None else min(entry_stop, n)
-            info.entries = max(0, b - a)
-            for x, y in _ranges(t, resolved, mode, size, a, b):
+                resolved, schema = branches, arrow_schema(t, branches)
+            for x, y in ranges:
                 chunks.append(Chunk(len(chunks), i, path, tree, x, y))
                 info.chunks += 1
-        except BadInputError as e:
-            info.error = str(e)
-            log.warning("bad input file %s: %s", path, info.error)
         except Exception as e:  # noqa: BLE001 - a broken file must not stop the others
-            info.error = f"{type(e).__name__}: {_first_line(e)}"
+            info.error = _error_text(e)
             log.warning("bad input file %s: %s", path, info.error)
+            continue
+        if stop_after_first_good:
+            break
     return Plan(infos, chunks, resolved or [], schema)
 
 
@@ -402,43 +424,89 @@ def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entr
 
 STATUS_FIELDS = [("chunk_id", "int32"), ("file_index", "int32"), ("rows", "int64"), ("bytes", "int64"),
                  ("seconds", "float64"), ("part", "string"), ("error", "string")]
+SCAN_FIELDS = [("file_index", "int32"), ("entries", "int64"), ("starts", "list<int64>"), ("stops", "list<int64>"),
+               ("rows", "list<int64>"), ("parts", "list<string>"), ("done", "bool"), ("error", "string")]
 
 
-def _status_spark_schema():
-    from pyspark.sql.types import (DoubleType, IntegerType, LongType, StringType, StructField,
-                                   StructType)
-    m = {"int32": IntegerType(), "int64": LongType(), "float64": DoubleType(), "string": StringType()}
-    return StructType([StructField(n, m[t], True) for n, t in STATUS_FIELDS])
+def _pa_schema(fields):
+    import pyarrow as pa
+    m = {"list<int64>": pa.list_(pa.int64()), "list<string>": pa.list_(pa.string())}
+    return pa.schema([(n, m.get(t, t)) for n, t in fields])
+
+
+def _spark_schema(fields):
+    from pyspark.sql.types import (ArrayType, BooleanType, DoubleType, IntegerType, LongType, StringType,
+                                   StructField, StructType)
+    m = {"int32": IntegerType(), "int64": LongType(), "float64": DoubleType(), "string": StringType(),
+         "bool": BooleanType(), "list<int64>": ArrayType(LongType()), "list<string>": ArrayType(StringType())}
+    return StructType([StructField(n, m[t], True) for n, t in fields])
+
+
+def part_name(file_index: int, chunk_id: int) -> str:
+    return f"part-f{file_index:05d}-c{chunk_id:05d}.parquet"
+
+
+def _convert(t, branches: list[str], schema, a: int, b: int, out_dir: str, part: str,
+             row_group_rows: Optional[int]) -> tuple[int, int]:
+    """Read entries [a, b) of tree ``t``, write ``out_dir/part``; (rows, bytes). No file for 0 rows."""
+    import pyarrow.parquet as pq
+
+    table = to_arrow(t.arrays(branches, entry_start=a, entry_stop=b, library="ak"))
+    if table.schema != schema:
+        table = _conform(table, schema)
+    if table.num_rows == 0:
+        return 0, 0
+    path = os.path.join(out_dir, part)
+    pq.write_table(table, path, row_group_size=row_group_rows)
+    return table.num_rows, os.path.getsize(path)
+
+
+def _scan_partition(batches: Iterator, *, tree: str, filter_name: list[str], branches: list[str], schema,
+                    out_dir: str, mode: str, size: int, entry_start, entry_stop, row_group_rows) -> Iterator:
+    """Phase 1, one task per file: open the metadata and cut the entry ranges; a file that is a
+    single chunk is converted right here (no second open); larger files return their ranges."""
+    import pyarrow as pa
+
+    for batch in batches:
+        d = batch.to_pydict()
+        rows = []
+        for fi, path in zip(d["file_index"], d["path"]):
+            r = {"file_index": fi, "entries": 0, "starts": [], "stops": [], "rows": [], "parts": [],
+                 "done": False, "error": None}
+            try:
+                t, _, r["entries"], ranges = plan_file(path, tree, filter_name, branches, mode, size,
+                                                       entry_start, entry_stop)
+                r["starts"], r["stops"] = [x for x, _ in ranges], [y for _, y in ranges]
+                if len(ranges) <= 1:
+                    r["done"] = True
+                    for x, y in ranges:
+                        part = part_name(fi, 0)
+                        n, _ = _convert(t, branches, schema, x, y, out_dir, part, row_group_rows)
+                        r["rows"], r["parts"] = [n], [part if n else None]
+            except Exception as e:  # noqa: BLE001 - reported per file by the driver
+                r["error"] = _error_text(e)
+            rows.append(r)
+        yield pa.RecordBatch.from_pylist(rows, schema=_pa_schema(SCAN_FIELDS))
 
 
 def _ingest_partition(batches: Iterator, *, branches: list[str], schema, out_dir: str,
                       row_group_rows: Optional[int]) -> Iterator:
-    """mapInArrow body: read each chunk, write its Parquet part, yield one status row per chunk."""
+    """Phase 2, one task per chunk of a multi-chunk file: read it, write its part, yield a status row."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     for batch in batches:
         d = batch.to_pydict()
         rows = []
         for cid, fi, path, tree, a, b in zip(*(d[c] for c in CHUNK_COLUMNS)):
             t0 = time.time()
-            part, n, nbytes, err = None, 0, 0, None
+            part, n, nbytes, err = part_name(fi, cid), 0, 0, None
             try:
-                table = to_arrow(read_chunk(path, tree, branches, a, b))
-                if table.schema != schema:
-                    table = _conform(table, schema)
-                n = table.num_rows
-                if n:
-                    part = f"part-{cid:05d}-f{fi:04d}.parquet"
-                    pq.write_table(table, os.path.join(out_dir, part), row_group_size=row_group_rows)
-                    nbytes = os.path.getsize(os.path.join(out_dir, part))
-            except BadInputError as e:
-                err = str(e)
+                n, nbytes = _convert(cached_tree(path, tree), branches, schema, a, b, out_dir, part, row_group_rows)
             except Exception as e:  # noqa: BLE001 - reported per file by the driver
-                err = f"{type(e).__name__}: {_first_line(e)}"
+                err = _error_text(e)
             rows.append({"chunk_id": cid, "file_index": fi, "rows": n, "bytes": nbytes,
-                         "seconds": time.time() - t0, "part": part, "error": err})
-        yield pa.RecordBatch.from_pylist(rows, schema=pa.schema(STATUS_FIELDS))
+                         "seconds": time.time() - t0, "part": part if n else None, "error": err})
+        yield pa.RecordBatch.from_pylist(rows, schema=_pa_schema(STATUS_FIELDS))
 
 
 def _conform(table, schema):
@@ -476,35 +544,55 @@ def plan_ingest_root(cfg: IngestRootConfig) -> dict:
 def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     """Ingest the ROOT files of ``cfg`` into one Parquet directory; returns the run report.
 
-    Raises BadInputError (after committing the good files) if a file failed and
+    The driver resolves the branches and the schema on the first good file. Phase 1 (one Spark
+    task per file) opens each file's metadata, cuts its entry ranges and converts the files that
+    are a single chunk on the spot; phase 2 distributes the chunks of the larger files (one task
+    per chunk). Raises BadInputError (after committing the good files) if a file failed and
     ``allow_bad_files`` is false, or if no file could be read at all.
     """
+    import functools
+
     from ..outputs import atomic_output_dir, write_json
     from ..schemas import SCHEMA_DIR, register_schema
+    from ..spark import get_spark
 
     t_start = time.time()
     files = resolve_files(cfg.input)
+    mode, size = parse_step_size(cfg.step_size)
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
-    plan = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop)
-    good = [f for f in plan.files if not f.error]
-    if not good:
-        first = plan.files[0]
-        raise BadInputError(f"no input file could be read; {first.path}: {first.error}")
-    schema = plan.schema
-
-    from ..spark import get_spark
+    ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
+                      stop_after_first_good=True)
+    if ref.schema is None:
+        raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
+    errors = {f.file_index: f.error for f in ref.files if f.error}
+    first_good = len(ref.files) - 1
+    branches, schema = ref.branches, ref.schema
     spark = spark or get_spark(cfg.spark)
     with atomic_output_dir(cfg.output) as tmp:
+        todo = [(i, p) for i, p in enumerate(files) if i >= first_good]
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+        fdf = spark.createDataFrame(spark.sparkContext.parallelize(todo, max(1, len(todo))),
+                                    StructType([StructField("file_index", IntegerType(), False),
+                                                StructField("path", StringType(), False)]))
+        scan = functools.partial(_scan_partition, tree=cfg.tree, filter_name=cfg.filter_name, branches=branches,
+                                 schema=schema, out_dir=str(tmp), mode=mode, size=size,
+                                 entry_start=cfg.entry_start, entry_stop=cfg.entry_stop,
+                                 row_group_rows=cfg.row_group_rows)
+        scanned = {r["file_index"]: r.asDict() for r in fdf.mapInArrow(scan, _spark_schema(SCAN_FIELDS)).collect()}
+        chunks = []
+        for fi, r in sorted(scanned.items()):
+            if not r["error"] and not r["done"]:
+                for a, b in zip(r["starts"], r["stops"]):
+                    chunks.append(Chunk(len(chunks), fi, files[fi], cfg.tree, a, b))
         statuses = []
-        if plan.chunks:
-            log.info("ingest_root: %d chunk(s) of %d file(s), %d branch(es) -> Spark tasks",
-                     len(plan.chunks), len(good), len(plan.branches))
-            import functools
-            fn = functools.partial(_ingest_partition, branches=plan.branches, schema=schema,
-                                   out_dir=str(tmp), row_group_rows=cfg.row_group_rows)
-            df = chunks_dataframe(spark, plan.chunks).mapInArrow(fn, _status_spark_schema())
-            statuses = [r.asDict() for r in df.collect()]
-        per_file = _summarise(plan, statuses, tmp)
+        if chunks:
+            log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
+                     len({c.file_index for c in chunks}))
+            fn = functools.partial(_ingest_partition, branches=branches, schema=schema, out_dir=str(tmp),
+                                   row_group_rows=cfg.row_group_rows)
+            statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
+                fn, _spark_schema(STATUS_FIELDS)).collect()]
+        per_file = _summarise(files, errors, scanned, chunks, statuses, tmp)
         n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
         if not any(p.suffix == ".parquet" for p in tmp.iterdir()):
             import pyarrow.parquet as pq
@@ -514,7 +602,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
                              metadata={"tree": cfg.tree, "filter_name": cfg.filter_name},
                              schema_dir=Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR)
         report = {"job": "ingest_root", "tree": cfg.tree, "filter_name": cfg.filter_name,
-                  "branches": plan.branches, "schema": {"name": ds.name, "version": ds.version},
+                  "branches": branches, "schema": {"name": ds.name, "version": ds.version},
                   "output": str(Path(cfg.output).expanduser().absolute()), "rows": n_rows,
                   "files": per_file, "bad_files": [{"file": f["file"], "reason": f["error"]}
                                                    for f in per_file if f.get("error")],
@@ -522,9 +610,8 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         write_json(tmp / "_report.json", report)
         write_json(tmp / "_schema.json", ds.to_json())
     for f in per_file:
-        if f.get("error"):
-            continue
-        print(f"{f['file']}: {f['entries']} entries read, {f['rows']} rows written in {len(f['parts'])} part(s)")
+        if not f.get("error"):
+            print(f"{f['file']}: {f['entries']} entries read, {f['rows']} rows written in {len(f['parts'])} part(s)")
     log.info("ingest_root: %d rows from %d good file(s), %d bad -> %s", n_rows,
              len(per_file) - len(report["bad_files"]), len(report["bad_files"]), report["output"])
     if report["bad_files"] and not cfg.allow_bad_files:
@@ -534,27 +621,33 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     return report
 
 
-def _summarise(plan: Plan, statuses: list[dict], out_dir: Path) -> list[dict]:
-    """Per-file report; the parts of a file that failed in a task are deleted."""
+def _summarise(files: list[str], errors: dict, scanned: dict, chunks: list[Chunk], statuses: list[dict],
+               out_dir: Path) -> list[dict]:
+    """Per-file report (one log line per bad file); the parts of a file that failed are deleted."""
     by_file: dict[int, list[dict]] = {}
+    chunk_of = {c.chunk_id: c for c in chunks}
     for s in statuses:
         by_file.setdefault(s["file_index"], []).append(s)
     out = []
-    for f in plan.files:
-        sts = sorted(by_file.get(f.file_index, []), key=lambda s: s["chunk_id"])
-        chunk_of = {c.chunk_id: c for c in plan.chunks if c.file_index == f.file_index}
-        err = f.error or next((s["error"] for s in sts if s["error"]), None)
-        if err and not f.error:
-            log.warning("bad input file %s: %s", f.path, err)
-            for s in sts:
-                if s["part"]:
-                    (out_dir / s["part"]).unlink(missing_ok=True)
-        entry = {"file": f.path, "file_index": f.file_index, "entries": f.entries,
-                 "rows": 0 if err else sum(s["rows"] for s in sts),
-                 "parts": [] if err else [{"part": s["part"], "rows": s["rows"],
-                                           "entry_start": chunk_of[s["chunk_id"]].entry_start,
-                                           "entry_stop": chunk_of[s["chunk_id"]].entry_stop}
-                                          for s in sts if s["part"]],
-                 "error": err}
-        out.append(entry)
+    for fi, path in enumerate(files):
+        r = scanned.get(fi)
+        parts: list[dict] = []
+        err = errors.get(fi) or (r["error"] if r else None)
+        if r and not err:
+            if r["done"]:
+                parts = [{"part": p, "rows": n, "entry_start": a, "entry_stop": b}
+                         for p, n, a, b in zip(r["parts"], r["rows"], r["starts"], r["stops"]) if p]
+            else:
+                sts = sorted(by_file.get(fi, []), key=lambda s: s["chunk_id"])
+                err = next((s["error"] for s in sts if s["error"]), None)
+                parts = [{"part": s["part"], "rows": s["rows"], "entry_start": chunk_of[s["chunk_id"]].entry_start,
+                          "entry_stop": chunk_of[s["chunk_id"]].entry_stop} for s in sts if s["part"]]
+        if err:
+            if fi not in errors:
+                log.warning("bad input file %s: %s", path, err)
+            for p in parts:
+                (out_dir / p["part"]).unlink(missing_ok=True)
+            parts = []
+        out.append({"file": path, "file_index": fi, "entries": r["entries"] if r else 0,
+                    "rows": sum(p["rows"] for p in parts), "parts": parts, "error": err})
     return out

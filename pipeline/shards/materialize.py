@@ -14,12 +14,15 @@ How the single pass works:
    (sample, worker) pair (N*C rows) plus one row per eval sample, with ``dest`` = worker index,
    or M + j for eval split j, and ``order`` = the row's position in its destination.
 3. Spark scans the input once, broadcast-joins it with the routing table (this is where a
-   sample held by C workers becomes C rows), repartitions so that every destination is exactly
-   one partition (the partition key of dest d is a number whose Spark hash lands in partition
-   d), sorts each partition by ``order`` and hands it to a ``mapInArrow`` writer.
+   sample held by C workers becomes C rows), repartitions into ``write_tasks`` partitions (default:
+   Spark's default parallelism) so that every destination lies in exactly one partition (the
+   destinations are packed onto the partitions by row count, and the routing table carries a
+   partition key whose Spark hash lands in the chosen partition), sorts each partition by
+   (dest, order) and hands it to a ``mapInArrow`` writer. Few, large writer tasks matter: each
+   Python task costs a fixed overhead, so one task per worker directory would dominate small runs.
 4. The writer casts each Arrow batch back to the input's Arrow schema (Spark would turn e.g.
    uint8 into int16; the shards keep the input's exact columns and types) and writes
-   ``<dest>/part-<partition>.parquet`` with pyarrow in row groups of exactly
+   one ``<dest>/part-<partition>.parquet`` per destination with pyarrow in row groups of exactly
    ``row_group_rows`` rows (the last one smaller), so Petastorm can shard and batch them.
    It returns one summary row per file written.
 5. The driver checks that every destination received exactly the rows it was routed, removes
@@ -58,7 +61,7 @@ MANIFEST_NAME = "manifest.json"
 EVAL_SPLITS = ("test", "val")          # always written (empty when the input has none)
 TRAIN_SPLIT = "train"
 _DEST, _PKEY, _ORDER = "__shard_dest", "__shard_pkey", "__shard_order"
-_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
 
 
 class ShardConfig(StageConfig):
@@ -80,6 +83,8 @@ class ShardConfig(StageConfig):
     shuffle: bool = Field(True, description="randomise which samples go to which shard (false: contiguous "
                                             "sample_id ranges)")
     row_group_rows: int = Field(1024, gt=0, description="rows per Parquet row group in the shards")
+    write_tasks: Optional[int] = Field(None, gt=0, description="Spark tasks writing the directories (each "
+                                       "directory is written by one task); default: Spark's default parallelism")
 
     def layout(self) -> Layout:
         return resolve_layout(self.scheme, self.workers, self.copies, shards=self.shards,
@@ -169,9 +174,9 @@ def _spark_hash_long(v: int, seed: int = 42) -> int:
 
 
 def partition_keys(n: int) -> list[int]:
-    """For each d in 0..n-1 a long k with Spark's ``pmod(hash(k), n) == d``, so that
-    ``repartition(n, key)`` puts destination d alone in partition d (no Spark job needed;
-    tests check the hash against Spark's)."""
+    """For each p in 0..n-1 a long k with Spark's ``pmod(hash(k), n) == p``, so that rows with
+    key k land in partition p of ``repartition(n, key)`` (computed here, no Spark job; the tests
+    check the hash against Spark's)."""
     keys: dict[int, int] = {}
     k = 0
     while len(keys) < n:
@@ -182,7 +187,8 @@ def partition_keys(n: int) -> list[int]:
 
 def _routing_table(assignment: Assignment, train_ids: np.ndarray, eval_ids: dict[str, np.ndarray],
                    pkeys: list[int]):
-    """pandas frame (sample_id, split, dest, pkey, order): one row per (sample, destination)."""
+    """pandas frame (sample_id, split, dest, pkey, order): one row per (sample, destination);
+    ``pkeys[d]`` is the partition key of destination d."""
     import pandas as pd
 
     M = assignment.layout.workers
@@ -200,7 +206,8 @@ def _routing_table(assignment: Assignment, train_ids: np.ndarray, eval_ids: dict
 
 
 def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
-    """The ``mapInArrow`` function: Arrow batches (input columns + dest) -> Parquet files."""
+    """The ``mapInArrow`` function: Arrow batches (input columns + dest, sorted by dest) ->
+    one Parquet file per destination in this partition, in row groups of ``row_group_rows``."""
     columns = list(schema.names)
 
     def write(batches):
@@ -210,33 +217,44 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
 
         tc = TaskContext.get()
         tag = f"{tc.partitionId():05d}-a{tc.attemptNumber()}"
-        open_: dict[int, dict] = {}
+        done = {"dest": [], "file": [], "rows": [], "row_groups": []}
+        cur: dict = {}
+        n_files: dict[int, int] = {}
 
-        def emit(st, final: bool):
-            pending, n = st["pending"], st["n"]
+        def put(table, final: bool) -> None:
+            """Buffer rows; write every complete row group (and the rest when final)."""
+            if table is not None and table.num_rows:
+                cur["pending"].append(table)
+                cur["n"] += table.num_rows
+            n = cur["n"]
             if n == 0 or (n < row_group_rows and not final):
                 return
-            t = pa.concat_tables(pending)
-            full = (n // row_group_rows) * row_group_rows
-            if full:
-                st["writer"].write_table(t.slice(0, full), row_group_size=row_group_rows)
-                st["groups"] += full // row_group_rows
+            t = pa.concat_tables(cur["pending"])
+            full = n if final else (n // row_group_rows) * row_group_rows
+            cur["writer"].write_table(t.slice(0, full), row_group_size=row_group_rows)
+            cur["groups"] += -(-full // row_group_rows)
+            cur["rows"] += full
             rest = t.slice(full)
-            if final and rest.num_rows:
-                st["writer"].write_table(rest, row_group_size=row_group_rows)
-                st["groups"] += 1
-                rest = rest.slice(rest.num_rows)
-            st["pending"], st["n"] = ([rest] if rest.num_rows else []), rest.num_rows
+            cur["pending"], cur["n"] = ([rest] if rest.num_rows else []), rest.num_rows
 
-        def state(dest: int) -> dict:
-            st = open_.get(dest)
-            if st is None:
-                name = f"part-{tag}.parquet"
-                tmp = os.path.join(root, dirs[dest], f".{name}.inprogress")
-                st = dict(name=name, tmp=tmp, rows=0, groups=0, pending=[], n=0,
-                          writer=pq.ParquetWriter(tmp, schema, compression="snappy"))
-                open_[dest] = st
-            return st
+        def close() -> None:
+            if not cur:
+                return
+            put(None, final=True)
+            cur["writer"].close()
+            os.replace(cur["tmp"], cur["final"])
+            for k in ("dest", "file", "rows", "row_groups"):
+                done[k].append(cur[{"file": "name", "row_groups": "groups"}.get(k, k)])
+            cur.clear()
+
+        def open_(dest: int) -> None:
+            k = n_files.get(dest, 0)          # >0 only if a destination's rows were not contiguous
+            n_files[dest] = k + 1
+            name = f"part-{tag}.parquet" if k == 0 else f"part-{tag}-{k}.parquet"
+            d = os.path.join(root, dirs[dest])
+            tmp = os.path.join(d, f".{name}.inprogress")
+            cur.update(dest=dest, name=name, tmp=tmp, final=os.path.join(d, name), rows=0, groups=0,
+                       pending=[], n=0, writer=pq.ParquetWriter(tmp, schema, compression="snappy"))
 
         for b in batches:
             if b.num_rows == 0:
@@ -244,29 +262,33 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
             dest = b.column(len(columns)).to_numpy()
             table = pa.Table.from_batches([b]).select(columns).cast(schema)
             cuts = np.flatnonzero(np.diff(dest)) + 1       # rows arrive sorted by dest
-            starts = np.concatenate([[0], cuts])
-            ends = np.concatenate([cuts, [len(dest)]])
-            for s, e in zip(starts, ends):
-                st = state(int(dest[s]))
-                st["pending"].append(table.slice(s, e - s))
-                st["n"] += e - s
-                st["rows"] += e - s
-                emit(st, final=False)
-        out = {"dest": [], "file": [], "rows": [], "row_groups": []}
-        for dest, st in sorted(open_.items()):
-            emit(st, final=True)
-            st["writer"].close()
-            os.replace(st["tmp"], os.path.join(root, dirs[dest], st["name"]))
-            out["dest"].append(dest)
-            out["file"].append(st["name"])
-            out["rows"].append(st["rows"])
-            out["row_groups"].append(st["groups"])
+            for s, e in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(dest)]])):
+                d = int(dest[s])
+                if cur.get("dest") != d:
+                    close()
+                    open_(d)
+                put(table.slice(s, e - s), final=False)
+        close()
         yield pa.RecordBatch.from_arrays(
-            [pa.array(out["dest"], pa.int32()), pa.array(out["file"], pa.string()),
-             pa.array(out["rows"], pa.int64()), pa.array(out["row_groups"], pa.int32())],
+            [pa.array(done["dest"], pa.int32()), pa.array(done["file"], pa.string()),
+             pa.array(done["rows"], pa.int64()), pa.array(done["row_groups"], pa.int32())],
             names=["dest", "file", "rows", "row_groups"])
 
     return write
+
+
+def pack_destinations(rows: np.ndarray, tasks: int) -> np.ndarray:
+    """Partition of each destination: largest first onto the least-loaded of ``tasks``
+    partitions, so every destination is written by exactly one task and the tasks get
+    about equal numbers of rows."""
+    tasks = max(1, min(int(tasks), len(rows)))
+    load = np.zeros(tasks, np.int64)
+    part = np.zeros(len(rows), np.int64)
+    for d in np.argsort(-rows, kind="stable"):
+        p = int(np.argmin(load))
+        part[d] = p
+        load[p] += rows[d]
+    return part
 
 
 def _bytes_per_row(path: Path) -> float:
@@ -285,11 +307,11 @@ def _bytes_per_row(path: Path) -> float:
     return size / rows if rows else 1024.0
 
 
-def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Path, row_group_rows: int) -> list:
-    """Scan once, route, write; returns the writers' summary rows."""
+def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Path, row_group_rows: int,
+                tasks: int) -> list:
+    """Scan once, route, write with ``tasks`` writer tasks; returns the writers' summary rows."""
     from pyspark.sql import functions as F
 
-    P = len(dirs)
     # Arrow batch size handed to the writer: bounded in bytes (LLF rows are ~60 kB each)
     per_batch = int(min(10_000, max(64, (64 << 20) // max(1.0, _bytes_per_row(in_path)))))
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
@@ -300,7 +322,7 @@ def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Pa
         route = spark.createDataFrame(routing)
         cols = [F.col(f"`{c}`") for c in schema.names]
         routed = (df.join(F.broadcast(route), on=["sample_id", "split"], how="inner")
-                  .repartition(P, _PKEY)
+                  .repartition(tasks, _PKEY)
                   .sortWithinPartitions(_DEST, _ORDER)
                   .select(*cols, F.col(_DEST)))
         writer = _make_writer(str(root), dirs, schema, row_group_rows)
@@ -350,17 +372,19 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
 
     spark = spark or get_spark(cfg.spark)
     dirs = [worker_dir_name(i, M) for i in range(M)] + [f"eval/{s}" for s in eval_names]
-    pkeys = partition_keys(len(dirs))
-    routing = _routing_table(assignment, train_ids, eval_ids, pkeys)
-    expected = np.bincount(routing[_DEST].to_numpy(), minlength=len(dirs))
+    expected = np.array([len(m) for m in assignment.members] + [len(v) for v in eval_ids.values()], np.int64)
+    tasks = max(1, min(len(dirs), cfg.write_tasks or spark.sparkContext.defaultParallelism))
+    part = pack_destinations(expected, tasks)
+    keys = partition_keys(tasks)
+    routing = _routing_table(assignment, train_ids, eval_ids, [keys[p] for p in part])
 
     with atomic_output_dir(out) as tmp:
         for d in dirs:
             (tmp / d).mkdir(parents=True)
         t2 = time.time()
-        log.info("shard: one Spark pass writing %d rows into %d directories (row groups of %d rows) ...",
-                 int(expected.sum()), len(dirs), cfg.row_group_rows)
-        summary = _spark_pass(spark, in_path, schema, routing, dirs, tmp, cfg.row_group_rows)
+        log.info("shard: one Spark pass writing %d rows into %d directories with %d task(s) (row groups of "
+                 "%d rows) ...", int(expected.sum()), len(dirs), tasks, cfg.row_group_rows)
+        summary = _spark_pass(spark, in_path, schema, routing, dirs, tmp, cfg.row_group_rows, tasks)
         log.info("shard: Spark pass done in %.1f s", time.time() - t2)
 
         files: dict[int, list[str]] = {d: [] for d in range(len(dirs))}

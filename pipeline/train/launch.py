@@ -199,6 +199,12 @@ def train(cfg: TrainConfig, spark=None) -> dict:
     if not cfg.resume and ck.exists():
         shutil.rmtree(ck)  # a fresh run never mixes with an older run's checkpoints
     ck.mkdir(parents=True, exist_ok=True)
+    if cfg.resume:  # refuse a changed config here, before any worker starts
+        from . import checkpoint
+
+        last = checkpoint.latest(str(ck))
+        if last is not None:
+            checkpoint.load(last, checkpoint.fingerprint(cfg, plan["workers"]))
     final = local_path(cfg.output)
     log.info("training %s with %s on %d workers (%s): %d steps, %d pass(es) over each shard, validation every %d",
              cfg.model, cfg.algorithm.name, plan["workers"], cfg.launcher, plan["total_steps"],

@@ -70,6 +70,10 @@ class MetricsWriter:
 
                 self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
             except ImportError:  # tensorboard not installed: JSON lines only
+                import logging
+
+                logging.getLogger(__name__).warning("tensorboard=true but the tensorboard package is not "
+                                                    "installed; writing JSON lines only")
                 self.tb = None
 
     def write(self, rec: dict) -> None:

@@ -11,6 +11,8 @@ what differs is the clock:
   a slow worker processes fewer samples, a fast one more;
 * each worker cycles through its own shard, epoch after epoch (reader seeded per epoch),
   until the last round ends: there is no shared "end of epoch" when step counts differ;
+* the learning-rate schedule (warmup, scaling) is evaluated at step ``rounds_done * H``, the
+  same for every worker in a round;
 * validation happens at round boundaries, every ``ceil(eval_every / H)`` rounds (all workers
   are there together), and the round clock is restarted after it;
 * checkpoints: only the final one (``checkpoint_every`` and ``resume`` need a step count
@@ -68,7 +70,10 @@ def run_rounds(run) -> dict:
                          scaling=run.scaling, device=run.device) as reader:
             for inputs, y in reader.batches(limit_batches=spe):
                 t0 = time.perf_counter()
-                set_lr(run.optimizer, lr_at(run.step, cfg.lr, run.world, cfg.lr_scaling, plan["warmup_steps"]))
+                # the schedule follows the ROUND clock (rounds x H), so every worker uses the same lr in a
+                # round whatever its local step count (SlowMo's outer step depends on it)
+                set_lr(run.optimizer, lr_at(algo.rounds_done * H, cfg.lr, run.world, cfg.lr_scaling,
+                                            plan["warmup_steps"]))
                 algo.zero_grad()
                 with stragglers.compute():
                     loss = F.cross_entropy(run.model(*inputs), y)

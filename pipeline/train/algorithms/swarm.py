@@ -109,12 +109,13 @@ class SwarmSGD(Algorithm):
         if partner is not None:
             y = got[0]
             if self.weighting == "steps":
-                hi, hj = float(x[-1]), float(y[-1])
-                w = hi / (hi + hj)
-                x, y = x[:-1], y[:-1]
+                # same operations in the same order on both partners -> bitwise-equal results
+                lo, hi = (x, y) if self.comm.rank < partner else (y, x)
+                w = float(lo[-1]) / (float(lo[-1]) + float(hi[-1]))
+                avg = lo[:-1] * w + hi[:-1] * (1.0 - w)
             else:
-                w = 0.5
-            unflatten_into(x.mul_(w).add_(y, alpha=1.0 - w), tensors)
+                avg = x.mul_(0.5).add_(y, alpha=0.5)
+            unflatten_into(avg, tensors)
             reset_momentum_if_asked(self.averager)
         else:
             self.sat_out += 1

@@ -32,6 +32,8 @@ class HorovodCommunicator(Communicator):
         self.hvd = hvd
         hvd.init(process_sets="dynamic")
         self.bucket_bytes = int(bucket_bytes)
+        # a CPU-only Horovod build cannot reduce CUDA tensors: stage them through host memory
+        self._stage = torch.cuda.is_available() and not hvd.cuda_built()
         self._sets: dict[tuple[int, ...], Any] = {}
 
     @property
@@ -65,18 +67,24 @@ class HorovodCommunicator(Communicator):
         if not tensors:
             return
         buckets = make_buckets(tensors, self.bucket_bytes)
+        flats = [b.flat.cpu() if self._stage else b.flat for b in buckets]
         with self._timed(nbytes(tensors)):
-            self.hvd.grouped_allreduce_([b.flat for b in buckets], op=self.hvd.Average,
-                                        process_set=self._pset(group))
-        for b in buckets:
+            self.hvd.grouped_allreduce_(flats, op=self.hvd.Average, process_set=self._pset(group))
+        for b, f in zip(buckets, flats):
+            if f is not b.flat:
+                b.flat.copy_(f)
             b.unpack_()
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         tensors = list(tensors)
+        host = [t.data.cpu() if self._stage and t.is_cuda else t.data for t in tensors]
         with self._timed(nbytes(tensors) if self.rank == root else 0):
-            handles = [self.hvd.broadcast_async_(t.data, root_rank=root) for t in tensors]
+            handles = [self.hvd.broadcast_async_(t, root_rank=root) for t in host]
             for h in handles:
                 self.hvd.synchronize(h)
+        for t, h in zip(tensors, host):
+            if h is not t.data:
+                t.data.copy_(h)
 
     def exchange(self, tensors: Sequence[torch.Tensor], partner: Optional[int]) -> Optional[list[torch.Tensor]]:
         tensors = list(tensors)
@@ -90,6 +98,9 @@ class HorovodCommunicator(Communicator):
         with self._timed(sent):
             for dtype, idx in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):
                 flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
+                dev = flat.device
+                if self._stage:
+                    flat = flat.cpu()
                 splits = torch.zeros(self.world_size, dtype=torch.int32)
                 if partner is not None:
                     splits[partner] = flat.numel()
@@ -104,7 +115,7 @@ class HorovodCommunicator(Communicator):
                 off = int(recv_splits[:partner].sum())
                 for i in idx:
                     n = tensors[i].numel()
-                    out[i] = recv[off:off + n].view_as(tensors[i]).clone()
+                    out[i] = recv[off:off + n].view_as(tensors[i]).to(dev, copy=True)
                     off += n
         return None if partner is None else out  # type: ignore[return-value]
 

@@ -1,0 +1,143 @@
+"""The training stage end to end: Horovod-on-Spark on real digits, checkpoints/resume, bad input, CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from jobs.train import main as train_main
+from pipeline.errors import BadInputError, ConfigError
+from pipeline.train.config import TrainConfig
+from pipeline.train.launch import train
+from pipeline.train.loop import pick_device
+from pipeline.train.metrics import read_metrics
+from train_fixtures import write_digit_shards
+
+pytest_plugins = ["train_fixtures"]
+
+
+def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path):
+    out = tmp_path / "train"
+    s = train(TrainConfig(manifest=str(digit_shards_2), output=str(out), launcher="horovod", epochs=2,
+                          batch_size=32, record_param_digests=True, checkpoint_every=10), spark)
+    man = json.loads(digit_shards_2.read_text())
+    spe = min(w["rows"] for w in man["workers"]) // 32
+    assert s["steps"] == 2 * spe and s["workers"] == 2 and s["launcher"] == "horovod"
+    assert s["test_accuracy"] > 0.5  # chance is 0.1
+    r0, r1 = s["ranks"]
+    assert len(r0["digests"]) == s["steps"] and r0["digests"] == r1["digests"]  # identical after EVERY step
+    assert len(set(r0["digests"])) == s["steps"]  # and they did change every step
+    assert s["samples_processed"] == 2 * s["steps"] * 32
+    recs = read_metrics(str(out / "metrics.jsonl"))
+    assert [r["split"] for r in recs][-1] == "test" and recs[-1]["accuracy"] == s["test_accuracy"]
+    for key in ("loss", "accuracy", "auc", "samples_per_s", "comm_fraction", "bytes_sent", "epoch"):
+        assert key in recs[-1]
+    assert recs[-1]["bytes_sent"] > 0 and 0 < recs[-1]["comm_fraction"] < 1
+    assert set(recs[-1]["auc"]) == {str(c) for c in range(10)}
+    assert json.loads((out / "summary.json").read_text())["test_accuracy"] == s["test_accuracy"]
+    assert (out / "model.pt").is_file()
+    ck = sorted(p.name for p in (tmp_path / "train-checkpoints").iterdir())
+    assert ck[0] == "step_00000010.pt" and ck[-1] == f"step_{s['steps']:08d}.pt"
+
+
+def test_resume_continues_like_an_uninterrupted_run(tmp_path):
+    man = write_digit_shards(tmp_path / "shards", workers=2, n_train=256, n_test=64, n_val=64, row_group_rows=32)
+    base = dict(manifest=str(man), launcher="local", epochs=2, batch_size=16, optimizer="sgd", lr=0.05,
+                algorithm={"name": "local_sgd", "params": {"period": 3}}, checkpoint_every=5, progress=False)
+    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base))
+    assert ref["steps"] == 16
+    crashed = TrainConfig(output=str(tmp_path / "run"), fail_at_step=12, **base)
+    with pytest.raises(RuntimeError, match="fail_at_step=12"):
+        train(crashed)
+    assert not (tmp_path / "run").exists()  # no partial output
+    assert sorted(p.name for p in (tmp_path / "run-checkpoints").iterdir()) == ["step_00000005.pt", "step_00000010.pt"]
+    resumed = train(crashed.model_copy(update={"fail_at_step": None, "resume": True}))
+    assert resumed["final_digests"] == ref["final_digests"]
+    assert resumed["test_accuracy"] == ref["test_accuracy"]
+    a = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
+    b = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    assert [(r["step"], r["accuracy"], r["loss"]) for r in a] == [(r["step"], r["accuracy"], r["loss"]) for r in b]
+    # a resume under a changed config is refused, naming the value
+    with pytest.raises(ConfigError, match="lr=0.1"):
+        train(crashed.model_copy(update={"fail_at_step": None, "resume": True, "lr": 0.1}))
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    return write_digit_shards(tmp_path_factory.mktemp("bad") / "shards", workers=2, n_train=128, n_test=32, n_val=32)
+
+
+def _run_cli(args, capsys):
+    rc = train_main(args)
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_bad_inputs_give_one_line_and_no_output(tmp_path, small_shards, capsys):
+    out = tmp_path / "out"
+    rc, err = _run_cli(["--manifest", str(tmp_path / "missing.json"), "--output", str(out)], capsys)
+    assert rc == 2 and err[-1].startswith("error: shard manifest not found") and "missing.json" in err[-1]
+    rc, err = _run_cli(["--manifest", str(small_shards), "--output", str(out), "--epochs", "-1"], capsys)
+    assert rc == 2 and "epochs=-1" in err[-1]
+    rc, err = _run_cli(["--manifest", str(small_shards), "--output", str(out), "--batch_size", "1000"], capsys)
+    assert rc == 2 and "batch_size=1000" in err[-1]
+    rc, err = _run_cli(["--manifest", str(small_shards), "--output", str(out), "--workers", "3"], capsys)
+    assert rc == 2 and "workers=3" in err[-1]
+    rc, err = _run_cli(["--manifest", str(small_shards), "--output", str(out), "--model", "hlf"], capsys)
+    assert rc == 2 and "column 'hlf' missing" in err[-1]
+    rc, err = _run_cli(["--manifest", str(small_shards), "--output", str(out),
+                        "--set", "algorithm.name=sgdx"], capsys)
+    assert rc == 2 and "sgdx" in err[-1]
+    assert not out.exists()
+
+
+def test_missing_column_in_a_shard_is_named(tmp_path):
+    import pyarrow.parquet as pq
+
+    man = write_digit_shards(tmp_path / "shards", workers=2, n_train=128, n_test=32, n_val=32)
+    f = tmp_path / "shards" / "worker_001" / "part-00000.parquet"
+    pq.write_table(pq.read_table(f).drop(["image"]), f)
+    with pytest.raises(BadInputError, match=r"worker_001: column 'image' missing"):
+        train(TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="local"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_dry_run_prints_the_plan(small_shards, capsys):
+    assert train_main(["--manifest", str(small_shards), "--dry-run", "--epochs", "4", "--batch_size", "16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    p = out["plan"]
+    assert p["workers"] == 2 and p["steps_per_epoch"] == 4 and p["total_steps"] == 16
+    assert p["eval_every"] == 4  # ceil(N / B_global) = ceil(128 / 32)
+
+
+def test_help_lists_the_options():
+    r = subprocess.run([sys.executable, "-m", "jobs.train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--launcher" in r.stdout and "--algorithm.name" in r.stdout
+
+
+def test_device_selection():
+    dev = pick_device("auto", 0)
+    assert dev.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device("cpu", 0).type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device='cuda'"):
+            pick_device("cuda", 0)
+
+
+def test_report_plots_learning_curves(tmp_path):
+    from pipeline.report.curves import ReportConfig, report
+
+    runs = []
+    for name, accs in (("a", [0.5, 0.8, 0.9]), ("b", [0.3, 0.6, 0.85])):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"split": "val", "step": i, "epoch": i, "wall_s": i * 2.0,
+                                                             "accuracy": a}) + "\n" for i, a in enumerate(accs, 1)))
+        runs.append(str(d))
+    r = report(ReportConfig(runs=runs, output=str(tmp_path / "c.png")))
+    png = (tmp_path / "c.png").read_bytes()
+    assert r["runs"] == 2 and png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    with pytest.raises(BadInputError, match="metrics file not found"):
+        report(ReportConfig(runs=[str(tmp_path / "zzz")], output=str(tmp_path / "d.png")))
