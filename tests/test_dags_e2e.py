@@ -32,8 +32,13 @@ IMAGES_SETS = {
 }
 HEP_SETS = {
     "ingest_root": ["step_size=25"],
-    "train": ["epochs=1", "batch_size=4", "progress=false", "start_timeout=300"],
+    "features": ["test_fraction=0.25", "val_fraction=0.25"],
+    "train": ["epochs=1", "batch_size=2", "progress=false", "start_timeout=300"],
 }
+# delphes.root has 25 events of which one passes the lepton selection: copies of the real file,
+# named after the three classes (the feature stage labels files by name), give every class and
+# every split at least one event: 4 copies per class -> 2 train, 1 val, 1 test per class.
+HEP_COPIES = 4
 
 
 def _ok(res: dict, tasks: list[str]) -> None:
@@ -94,11 +99,12 @@ def e2e_env(airflow_home, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def images_run(e2e_env, out_root):
-    res = run_airflow(e2e_env, "images_pipeline", LOGICAL,
+    res = run_airflow(e2e_env, "images_pipeline", LOGICAL, timeout=1700,
                       conf={"output_root": str(out_root), "extra_sets": IMAGES_SETS, "spark_master": "local[2]"})
     return res, out_root / "images_pipeline" / RUN_KEY
 
 
+@pytest.mark.timeout(1800)
 def test_images_pipeline_end_to_end(images_run):
     res, run = images_run
     _ok(res, ["ingest_images", "shard", "train", "report"])
@@ -118,6 +124,7 @@ def test_images_pipeline_end_to_end(images_run):
     assert leftovers(run) == []
 
 
+@pytest.mark.timeout(1800)
 def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, e2e_env, out_root):
     res, run = images_run
     _ok(res, ["ingest_images", "shard", "train", "report"])
@@ -129,7 +136,7 @@ def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, e2e_en
     # a stray file inside this run's dataset: a rerun replaces the whole directory
     (run / "dataset" / "stray.txt").write_text("from before the rerun")
     before = {p.name: json.loads((run / "shards" / "manifest.json").read_text()) for p in [run]}
-    res2 = run_airflow(e2e_env, "images_pipeline", LOGICAL,
+    res2 = run_airflow(e2e_env, "images_pipeline", LOGICAL, timeout=1700,
                        conf={"output_root": str(out_root), "extra_sets": IMAGES_SETS, "spark_master": "local[2]"})
     _ok(res2, ["ingest_images", "shard", "train", "report"])
     print(f"images_pipeline rerun: {res2['run_s']:.0f} s")
@@ -148,21 +155,29 @@ def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, e2e_en
     shutil.rmtree(dag_root / "20261031T000000")
 
 
-def test_hep_pipeline_end_to_end_on_real_delphes(e2e_env, out_root, delphes_root):
-    res = run_airflow(e2e_env, "hep_pipeline", LOGICAL,
-                      conf={"output_root": str(out_root), "input_glob": str(delphes_root), "simulate": False,
+@pytest.mark.timeout(1800)
+def test_hep_pipeline_end_to_end_on_real_delphes(e2e_env, out_root, delphes_root, tmp_path):
+    for cls in ("qcd", "ttbar", "wjets"):
+        (tmp_path / cls).mkdir()
+        for i in range(HEP_COPIES):
+            shutil.copyfile(delphes_root, tmp_path / cls / f"{cls}_{i:02d}.root")
+    res = run_airflow(e2e_env, "hep_pipeline", LOGICAL, timeout=1700,
+                      conf={"output_root": str(out_root), "input_glob": f"{tmp_path}/*/*.root", "simulate": False,
                             "workers": 1, "extra_sets": HEP_SETS, "spark_master": "local[2]"})
     print(f"hep_pipeline dag.test(): {res.get('run_s', 0):.0f} s")
     _ok(res, ["choose_source", "ingest_root", "features", "shard", "train", "report"])
     assert res["tasks"]["simulate"].endswith("skipped")
     run = out_root / "hep_pipeline" / RUN_KEY
     assert not (run / "simulated").exists()
+    n_files = 3 * HEP_COPIES
     events = pq.read_table(run / "events")
-    assert events.num_rows == 25  # every event of delphes.root
+    assert events.num_rows == 25 * n_files  # every event of every file
     feats = run / "features"
     hlf = pq.read_table(feats / "hlf")
     assert {"sample_id", "label", "split", "hlf"} <= set(hlf.column_names)
-    assert 0 < hlf.num_rows <= 25
+    assert hlf.num_rows == n_files  # the one selected event of each copy
+    assert sorted(set(hlf.column("label").to_pylist())) == [0, 1, 2]
+    assert sorted(set(hlf.column("split").to_pylist())) == ["test", "train", "val"]
     assert all(len(v) == 14 for v in hlf.column("hlf").to_pylist())
     llf = pq.read_table(feats / "llf")
     assert llf.num_rows == hlf.num_rows

@@ -145,7 +145,6 @@ def test_time_budget_slow_worker_takes_fewer_steps_and_rounds_stay_aligned(torch
     assert (per_round >= 1).all()
     slow, fast = per_round[0].mean(), per_round[1:].mean()
     assert slow < fast, per_round  # worker 0 (3x slower) takes fewer steps per round instead of waiting
-    assert len(set(per_round[:, 1:].sum(1).tolist())) > 1 or slow < fast
 
 
 def test_time_budget_swarm_step_weighted_average(torch4):

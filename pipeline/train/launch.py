@@ -16,6 +16,13 @@ failed run leaves no output directory) and checkpoints in ``checkpoint_dir`` (de
 ``<output>-checkpoints``), which survive a failed run so that ``resume=true`` can continue.
 The output and checkpoint directories must be on a file system every worker can reach
 (local disk for one machine).
+
+GPUs: a worker uses ``cuda:<local rank>`` when CUDA is available (``device=auto``), NCCL with
+the torch launcher, and stages tensors through host memory for a CPU-only Horovod build.
+On a Spark cluster give every task one GPU, e.g. ``--conf spark.executor.resource.gpu.amount=1
+--conf spark.task.resource.gpu.amount=1 --conf spark.executor.resource.gpu.discoveryScript=
+$SPARK_HOME/examples/src/main/scripts/getGpusResources.sh``; TorchDistributor is then
+created with ``use_gpu=True`` automatically. ``device=cpu`` forces the unchanged CPU path.
 """
 from __future__ import annotations
 

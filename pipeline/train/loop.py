@@ -202,6 +202,7 @@ class _Run:
         t_start = time.perf_counter()
         train_s = 0.0
         mark = {"t": 0.0, "comm": comm.stats.seconds, "step": self.step, "loss": 0.0, "n": 0}
+        whole_run = dict(mark)  # the final (test) record reports rates over the whole run
         wire0 = wire_bytes_written()
         bytes0 = comm.stats.bytes_sent
         last_ckpt = None
@@ -226,8 +227,9 @@ class _Run:
                     self.step += 1
                     done += 1
                     train_s += time.perf_counter() - t0
-                    mark["loss"] += float(loss.detach())
-                    mark["n"] += 1
+                    for mk in (mark, whole_run):
+                        mk["loss"] += float(loss.detach())
+                        mk["n"] += 1
                     bar.update(1)
                     if cfg.record_param_digests:
                         self.digests.append(param_digest(self.model.parameters()))
@@ -249,7 +251,7 @@ class _Run:
         if mark["n"] and self.step % eval_every:
             self._log_eval(eval_path, cfg.eval_split, train_s, mark, wire0, bytes0)
         test = self.evaluate(plan["eval"]["test"])
-        rec = self._record("test", test, train_s, mark, wire0, bytes0)
+        rec = self._record("test", test, train_s, whole_run, wire0, bytes0)
         if self.rank == 0:
             self.writer.write(rec)
             self.writer.close()

@@ -10,7 +10,8 @@ One JSON object per line in ``<output>/metrics.jsonl``::
 ``epoch`` counts global epochs (step / ceil(N / B_global)); ``samples_per_s`` is global
 (all workers); ``comm_fraction``, ``bytes_sent`` (payload handed to the communicator,
 cumulative, this worker) and ``wire_bytes_written`` (bytes this worker process wrote through
-system calls, from /proc/self/io: the measured traffic) are rank 0's.
+system calls, from /proc/self/io: the measured traffic) are rank 0's. Rates of a ``val``
+record cover the steps since the previous record; the final ``test`` record's cover the run.
 """
 from __future__ import annotations
 

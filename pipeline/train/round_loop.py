@@ -15,8 +15,8 @@ what differs is the clock:
   same for every worker in a round;
 * validation happens at round boundaries, every ``ceil(eval_every / H)`` rounds (all workers
   are there together), and the round clock is restarted after it;
-* checkpoints: only the final one (``checkpoint_every`` and ``resume`` need a step count
-  shared by all workers and are refused here with a ConfigError).
+* checkpoints: only the final one (``checkpoint_every`` is ignored with a warning; ``resume``
+  needs a step count shared by all workers and is refused with a ConfigError).
 
 Metrics: ``step`` and ``samples_per_s`` in the records are rank 0's local steps (times M);
 ``rounds`` is added; the summary's ``samples_processed`` is the true sum over workers.
@@ -44,9 +44,12 @@ def run_rounds(run) -> dict:
     from .stragglers import StragglerSimulator
 
     cfg, plan, comm, algo = run.cfg, run.plan, run.comm, run.algo
-    if cfg.resume or cfg.checkpoint_every:
-        raise ConfigError(f"invalid config value algorithm.name={cfg.algorithm.name!r}: resume/checkpoint_every "
-                          "are not supported when workers take different numbers of steps per round")
+    if cfg.resume:
+        raise ConfigError(f"invalid config value resume=True with algorithm {cfg.algorithm.name!r}: resuming is not "
+                          "supported when workers take different numbers of steps per round")
+    if cfg.checkpoint_every and run.rank == 0:
+        log.warning("checkpoint_every=%d ignored: with a different step count per worker only the final "
+                    "checkpoint is written", cfg.checkpoint_every)
     H = max(1, int(getattr(algo, "nominal_steps_per_round", 1)))
     total_rounds = max(1, math.ceil(plan["total_steps"] / H))
     eval_rounds = max(1, math.ceil(plan["eval_every"] / H))
