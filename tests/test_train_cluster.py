@@ -73,6 +73,7 @@ def standalone(tmp_path):
             log.close()
 
 
+@pytest.mark.timeout(2400)
 def test_two_worker_training_on_a_standalone_cluster_with_each_launcher(standalone, digit_shards_2, tmp_path):
     url, env = standalone
     params = {}
@@ -83,7 +84,7 @@ def test_two_worker_training_on_a_standalone_cluster_with_each_launcher(standalo
                "--conf", f"spark.pyspark.python={sys.executable}",
                "jobs/train.py", "--manifest", str(digit_shards_2), "--output", str(out), "--launcher", launcher,
                "--max_steps", "6", "--epochs", "1", "--batch_size", "16", "--progress", "false"]
-        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
         assert r.returncode == 0, r.stderr[-3000:]
         s = json.loads((out / "summary.json").read_text())
         assert s["launcher"] == launcher and s["workers"] == 2 and s["steps"] == 6

@@ -92,7 +92,8 @@ def make_plan(cfg: TrainConfig) -> dict:
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
     global_batch = cfg.batch_size * m
-    eval_every = cfg.eval_every or max(1, math.ceil(man.n_train_samples / global_batch))
+    epoch_steps = max(1, math.ceil(man.n_train_samples / global_batch))  # one (global) epoch, any layout
+    eval_every = cfg.eval_every or epoch_steps
     num_classes = label_count([w.path for w in man.workers] + list(man.eval.values()))
     if features in ("hlf", "llf", "inclusive"):
         num_classes = max(num_classes, 3)
@@ -100,7 +101,8 @@ def make_plan(cfg: TrainConfig) -> dict:
         "workers": m, "features": features, "num_classes": num_classes,
         "shape": probe_shape(man.workers[0].path, features), "copies": man.copies,
         "steps_per_epoch": spe, "overlap_epochs": overlap_epochs, "total_steps": total,
-        "eval_every": eval_every, "warmup_steps": int(round(cfg.warmup_epochs * eval_every)),
+        "eval_every": eval_every, "epoch_steps": epoch_steps,
+        "warmup_steps": int(round(cfg.warmup_epochs * epoch_steps)),
         "global_batch": global_batch, "n_train_samples": man.n_train_samples,
         "scaling": _find_scaling(cfg, man.source) if features != "image" else None,
         "eval": dict(man.eval), "manifest": man.path,

@@ -276,7 +276,8 @@ class _Run:
         steps = self.step - mark["step"]
         dt = max(train_s - mark["t"], 1e-9)
         wire = wire_bytes_written()
-        rec = {"kind": "eval", "split": split, "step": self.step, "epoch": round(self.step / plan["eval_every"], 4),
+        epoch = round(self.step / plan.get("epoch_steps", plan["eval_every"]), 4)
+        rec = {"kind": "eval", "split": split, "step": self.step, "epoch": epoch,
                "wall_s": round(self.elapsed0 + train_s, 3), "loss": res["loss"], "accuracy": res["accuracy"],
                "auc": res["auc"], "n_eval": res["n"],
                "train_loss": (mark["loss"] / mark["n"]) if mark["n"] else None,
