@@ -60,7 +60,7 @@ def run_one(manifest: Path, out: Path, algorithm: dict, stragglers: dict, args) 
     from pipeline.train.launch import train
 
     cfg = TrainConfig(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=args.epochs,
-                      batch_size=32, optimizer="sgd", momentum=0.9, lr=0.01, warmup_epochs=0.5, eval_every=args.eval_every, eval_split="val",
+                      batch_size=32, optimizer="adam", lr=0.001, warmup_epochs=0.5, eval_every=args.eval_every, eval_split="val",
                       progress=False, algorithm=algorithm, stragglers=stragglers, seed=args.seed)
     s = train(cfg)
     evals = [json.loads(line) for line in open(s["metrics"]) if json.loads(line)["split"] == "val"]

@@ -118,13 +118,14 @@ def load_schema(name: str, version: Optional[int] = None, schema_dir: Path = SCH
 
 def register_schema(name: str, schema: pa.Schema, description: str = "", metadata: Optional[dict] = None,
                     schema_dir: Path = SCHEMA_DIR) -> DatasetSchema:
-    """Store a derived schema as a new version, unless the newest version has the same columns."""
+    """Store a derived schema as a new version, unless a stored version has exactly these columns
+    (then that version is returned, so alternating inputs do not mint new versions)."""
     versions = schema_versions(name, schema_dir)
     candidate = DatasetSchema.from_arrow(name, (versions[-1] + 1) if versions else 1, schema, description, metadata)
-    if versions:
-        latest = load_schema(name, versions[-1], schema_dir)
-        if latest.columns == candidate.columns:
-            return latest
+    for v in reversed(versions):
+        existing = load_schema(name, v, schema_dir)
+        if existing.columns == candidate.columns:
+            return existing
     p = Path(schema_dir) / name / f"v{candidate.version}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(candidate.to_json(), indent=2) + "\n")

@@ -144,9 +144,11 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
             "input": str(s / "delphes.root"), "tree": "Delphes", "output": str(p["real_delphes"]),
             "filter_name": ["Electron.*", "Muon.*", "Jet.*", "MissingET.*", "EFlowTrack.*", "EFlowPhoton.*",
                             "EFlowNeutralHadron.*"]})
-        out["real_nanoaod"] = build_config(IngestRootConfig, {
-            "input": [str(s / "nano_dy.root"), str(s / "nano_tt_v12.root")], "tree": "Events",
-            "output": str(p["real_nanoaod"])})
+        # two NanoAOD files with different branch sets: one ingestion each (a run needs one schema)
+        for name in ("nano_dy", "nano_tt_v12"):
+            out[f"real_{name}"] = build_config(IngestRootConfig, {
+                "input": str(s / f"{name}.root"), "tree": "Events", "output": str(p["real_nanoaod"] / name),
+                "schema_name": f"root/nanoaod_{name}"})
         out["real_features"] = build_config(FeaturesConfig, {
             "input": str(s / "delphes.root"), "output": str(p["real_features"]),
             "samples": [{"name": "ttbar", "label": 1, "files": [str(s / "delphes.root")]}]})
@@ -178,7 +180,8 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
     real = {}
     if cfg.real_samples:
         real["delphes"] = ingest_root(stages["real_delphes"], spark)
-        real["nanoaod"] = ingest_root(stages["real_nanoaod"], spark)
+        real["nano_dy"] = ingest_root(stages["real_nano_dy"], spark)
+        real["nano_tt_v12"] = ingest_root(stages["real_nano_tt_v12"], spark)
         real["features"] = build_features(stages["real_features"], spark)
     feats = build_features(stages["features"], spark)
     sh = shard(stages["shard"], spark)

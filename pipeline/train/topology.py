@@ -19,9 +19,9 @@ Random matchings (:meth:`Graph.matching`)
     identical on every worker and on every rerun. Complete graph: a uniform random
     permutation paired off two by two. Other graphs: randomised greedy matching, retried
     until it matches floor(M/2) pairs, with a random rotation of the ring's edges as a
-    fallback (a maximum matching; never needed in practice). With an odd worker count exactly one worker
-    sits out the round (partner ``None``). A worker is never its own partner and has at
-    most one partner (``partners[partners[i]] == i``).
+    fallback (a maximum matching; not needed in practice). With an odd worker count
+    exactly one worker sits out the round (partner ``None``). A worker is never its own
+    partner and has at most one partner (``partners[partners[i]] == i``).
 
 Mixing matrices (:meth:`Graph.mixing_matrix`)
     D-PSGD's doubly stochastic matrix W with Metropolis-Hastings weights:

@@ -64,8 +64,8 @@ class HorovodCommunicator(Communicator):
 
     def allreduce_mean_(self, tensors: Sequence[torch.Tensor], group: Optional[Group] = None) -> None:
         tensors = list(tensors)
-        if not tensors:
-            return
+        if not tensors or (group is not None and group.size == 1):
+            return  # nothing to average: no collective, no traffic
         buckets = make_buckets(tensors, self.bucket_bytes)
         flats = [b.flat.cpu() if self._stage else b.flat for b in buckets]
         with self._timed(nbytes(tensors)):

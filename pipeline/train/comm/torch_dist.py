@@ -57,8 +57,8 @@ class TorchDistCommunicator(Communicator):
 
     def allreduce_mean_(self, tensors: Sequence[torch.Tensor], group: Optional[Group] = None) -> None:
         tensors = list(tensors)
-        if not tensors:
-            return
+        if not tensors or (group is not None and group.size == 1):
+            return  # nothing to average: no collective, no traffic
         handle = None if group is None else group.handle
         size = self.world_size if group is None else group.size
         buckets = make_buckets(tensors, self.bucket_bytes)
