@@ -35,7 +35,7 @@ IMAGES_SETS = {
 HEP_SETS = {
     "ingest_root": ["step_size=25"],
     "features": ["test_fraction=0.25", "val_fraction=0.25"],
-    "train": ["epochs=1", "batch_size=2", "progress=false", "start_timeout=300"],
+    "train": ["epochs=1", "batch_size=2", "eval_every=1", "progress=false", "start_timeout=300"],
 }
 # delphes.root has 25 events of which one passes the lepton selection: copies of the real file,
 # named after the three classes (the feature stage labels files by name), give every class and
