@@ -5,6 +5,8 @@ STAMP   := $(VENV)/.setup-done
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export PYTHONUNBUFFERED := 1
+SUBMIT  := $(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g \
+           --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$(CURDIR)/configs/log4j2.properties"
 
 .PHONY: setup run run-images run-hep test bench clean
 
@@ -18,10 +20,10 @@ $(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup
 run: run-hep
 
 run-hep: setup
-	$(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g jobs/run_hep.py --config configs/run_hep.yaml
+	$(SUBMIT) jobs/run_hep.py --config configs/run_hep.yaml
 
 run-images: setup
-	$(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g jobs/run_images.py --config configs/run_images.yaml
+	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml
 
 test: setup
 	$(PY) -m pytest tests

@@ -118,6 +118,7 @@ def _hep_paths(root: Path) -> dict:
 
 def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
     """Every stage's config for one HEP run, with paths derived from ``output_root``."""
+    from .features.delphes import REQUIRED_BRANCHES
     from .features.stage import FeaturesConfig
     from .ingest.root import IngestRootConfig
     from .samples import coffea_samples
@@ -142,8 +143,7 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
         s = coffea_samples()
         out["real_delphes"] = build_config(IngestRootConfig, {
             "input": str(s / "delphes.root"), "tree": "Delphes", "output": str(p["real_delphes"]),
-            "filter_name": ["Electron.*", "Muon.*", "Jet.*", "MissingET.*", "EFlowTrack.*", "EFlowPhoton.*",
-                            "EFlowNeutralHadron.*"]})
+            "filter_name": list(REQUIRED_BRANCHES)})  # the branches the feature stage reads
         # two NanoAOD files with different branch sets: one ingestion each (a run needs one schema)
         for name in ("nano_dy", "nano_tt_v12"):
             out[f"real_{name}"] = build_config(IngestRootConfig, {

@@ -129,6 +129,13 @@ def _dry_run_inputs(name: str, request) -> list[str]:
         return ["--set", f"input={request.getfixturevalue('tiny_shards').parent / 'dataset'}"]
     if name == "features":
         return ["--set", "input=samples:delphes.root"]
+    if name == "report":  # a training output dir: metrics.jsonl records as jobs/train.py writes them
+        run = request.getfixturevalue("tmp_path_factory").mktemp("report_input") / "train"
+        run.mkdir()
+        rec = {"kind": "eval", "split": "val", "step": 3, "epoch": 1.0, "wall_s": 0.5, "loss": 1.1,
+               "accuracy": 0.3, "n_eval": 3}
+        (run / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+        return ["--set", f"runs=[{run}]"]
     return []
 
 
