@@ -8,7 +8,7 @@ ingested Parquet part gives it) and returns the selected events' features. The S
 that runs it per chunk, splits, balances and writes the datasets is ``pipeline.features.stage``
 (:func:`build_features` here is its entry point).
 
-Definitions (documented in docs/hep.md):
+Definitions (documented in README.md (HEP path)):
 
 * Particle-flow candidates: tracks ``EFlowTrack`` with pT > 0.5 GeV, photons ``EFlowPhoton`` and
   neutral hadrons ``EFlowNeutralHadron`` with ET > 1 GeV; all treated as massless.

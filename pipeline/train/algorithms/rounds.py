@@ -18,7 +18,7 @@ This module holds
 * :class:`TimedLocalSGD` (``timed_local_sgd``): local SGD with a time budget per round, then
   one all-reduce average. ``weighting="equal"`` is the plain average; ``"steps"`` weights each
   worker by the steps it took in the round, x = sum_i h_i x_i / sum_i h_i (one fused
-  all-reduce of [h_i * x_i, h_i]) -- see docs/decentralized.md for the choice.
+  all-reduce of [h_i * x_i, h_i]) -- see README.md (Decentralized training) for the choice.
 * :class:`RoundSlowMo`: SlowMo around such a base counts ``tau`` in ROUNDS (every worker
   reaches the outer step's all-reduce at the same round; a step count would differ per
   worker). ``slowmo``'s builder picks it when the base has ``variable_steps``.
