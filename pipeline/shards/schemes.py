@@ -105,6 +105,15 @@ def _copies_match(copies: Optional[int], derived: int, why: str) -> None:
         raise ConfigError(f"copies={copies} is impossible for this layout: {why} gives copies={derived}")
 
 
+def _check_divides(name: str, value: int, of_name: str, of_value: int,
+                   larger_why: str = "", divide_why: str = "") -> None:
+    """ConfigError naming ``name`` unless ``value`` <= ``of_value`` and divides it."""
+    if value > of_value:
+        raise ConfigError(f"{name}={value} is larger than {of_name}={of_value}{larger_why}")
+    if of_value % value:
+        raise ConfigError(f"{name}={value} does not divide {of_name}={of_value}{divide_why}")
+
+
 def resolve_layout(scheme: str, workers: int, copies: Optional[int] = None, *, shards: Optional[int] = None,
                    households: Optional[int] = None, household_shards: Optional[int] = None,
                    neighbourhoods: Optional[int] = None, seed: int = 0, shuffle: bool = True) -> Layout:
@@ -142,10 +151,8 @@ def resolve_layout(scheme: str, workers: int, copies: Optional[int] = None, *, s
         return Layout(copies=M, **common)
     if scheme == "coarse":
         S = _need("shards", shards, scheme)
-        if S > M:
-            raise ConfigError(f"shards={S} is larger than workers={M} (coarse sharding needs S <= M)")
-        if M % S:
-            raise ConfigError(f"shards={S} does not divide workers={M} (coarse sharding needs M/S equal groups)")
+        _check_divides("shards", S, "workers", M, " (coarse sharding needs S <= M)",
+                       " (coarse sharding needs M/S equal groups)")
         _copies_match(copies, M // S, f"workers={M} over shards={S}")
         return Layout(copies=M // S, shards=S, **common)
     if scheme in ("medium_coarse", "fine_grained"):
@@ -153,17 +160,11 @@ def resolve_layout(scheme: str, workers: int, copies: Optional[int] = None, *, s
         return Layout(copies=C, shards=M if scheme == "medium_coarse" else None, **common)
 
     H = _need("households", households, scheme)
-    if H > M:
-        raise ConfigError(f"households={H} is larger than workers={M}")
-    if M % H:
-        raise ConfigError(f"households={H} does not divide workers={M}")
+    _check_divides("households", H, "workers", M)
     NB = None
     if scheme == "neighbourhoods":
         NB = _need("neighbourhoods", neighbourhoods, scheme)
-        if NB > H:
-            raise ConfigError(f"neighbourhoods={NB} is larger than households={H}")
-        if H % NB:
-            raise ConfigError(f"neighbourhoods={NB} does not divide households={H}")
+        _check_divides("neighbourhoods", NB, "households", H)
         default_sh = H // NB          # full overlap between neighbourhoods
     else:
         default_sh = H                # disjoint households
