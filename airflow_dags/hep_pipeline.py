@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pendulum
 from airflow.sdk import DAG, Param, task
 
 # the helper module next to this file (Airflow 3 does not put the DAG folder on sys.path everywhere)
@@ -28,10 +27,7 @@ INPUT = "{% if params.simulate %}" + P["simulated"] + "/*/*.root{% else %}{{ par
 with DAG(
     dag_id=DAG_ID,
     description="ROOT -> Parquet -> HLF/LLF features -> per-worker shards -> distributed training -> report",
-    schedule=S.schedule,
-    start_date=pendulum.parse(S.start_date, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
+    **S.dag_kwargs(),
     tags=["spark", "hep"],
     params={
         **common_params(S, {}),

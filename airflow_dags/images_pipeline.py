@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pendulum
 from airflow.sdk import DAG, Param
 
 # the helper module next to this file (Airflow 3 does not put the DAG folder on sys.path everywhere)
@@ -25,10 +24,7 @@ P = stage_paths(DAG_ID, ["dataset", "shards", "train", "report"])
 with DAG(
     dag_id=DAG_ID,
     description="images -> Parquet -> per-worker shards -> distributed training -> report",
-    schedule=S.schedule,
-    start_date=pendulum.parse(S.start_date, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
+    **S.dag_kwargs(),
     tags=["spark", "images"],
     params={
         **common_params(S, {}),

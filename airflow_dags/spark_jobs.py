@@ -101,6 +101,14 @@ class DagSettings:
         if "output_root" in self.params:
             self.params["output_root"] = repo_path(self.params["output_root"])
 
+    def dag_kwargs(self) -> dict:
+        """The scheduling keywords every pipeline DAG shares: the schedule and start date from
+        the settings, no catch-up, one active run at a time (outputs are per logical date)."""
+        import pendulum
+
+        return {"schedule": self.schedule, "start_date": pendulum.parse(self.start_date, tz="UTC"),
+                "catchup": False, "max_active_runs": 1}
+
     def retry_kwargs(self) -> dict:
         """Retries with exponential back-off (for the ingestion tasks)."""
         return {"retries": self.retries, "retry_delay": self.retry_delay,

@@ -25,6 +25,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .delphes import LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
+from ..spark import spark_task
 
 
 @dataclass
@@ -118,7 +119,7 @@ class ScalingModel:
                         out[c] = t.column(c).combine_chunks()
                 yield pa.RecordBatch.from_arrays(list(out.values()), names=list(out.keys()))
 
-        return df.mapInArrow(fn, df.schema)
+        return df.mapInArrow(spark_task(fn), df.schema)
 
 
 def _fixed(col, width: int) -> np.ndarray:
@@ -172,7 +173,7 @@ class FeatureScaler:
 
         res = {"hlf": Moments(0.0, np.zeros(N_HLF), np.zeros(N_HLF)),
                "llf": Moments(0.0, np.zeros(N_LLF_FEATURES), np.zeros(N_LLF_FEATURES))}
-        for r in df.select(*cols).mapInArrow(partial, out_schema).collect():
+        for r in df.select(*cols).mapInArrow(spark_task(partial), out_schema).collect():
             res[r["what"]] = res[r["what"]].merge(Moments(r["n"], np.asarray(r["mean"]), np.asarray(r["m2"])))
         h, l_ = res["hlf"], res["llf"]
         return ScalingModel(h.mean, h.std(), l_.mean, l_.std(), int(h.n), int(l_.n))

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
+from ..spark import spark_task
 from ..ingest.root import (SAMPLES_PREFIX, Chunk, FileInfo, _first_line, parse_step_size, plan_chunks,
                            resolve_files)
 from . import delphes as D
@@ -334,7 +335,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         statuses = []
         if units:
             fn = functools.partial(_feature_partition, labels=labels)
-            feat = chunks_dataframe(spark, units).mapInArrow(fn, _spark_schema()).persist(StorageLevel.DISK_ONLY)
+            feat = chunks_dataframe(spark, units).mapInArrow(spark_task(fn), _spark_schema()).persist(StorageLevel.DISK_ONLY)
             statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
                         .select("chunk_id", "n_read", "n_selected", "error").collect()]
             log.info("features: selection and features of %d unit(s) done (%.1f s)", len(units), time.time() - t_start)

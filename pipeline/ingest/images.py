@@ -39,6 +39,7 @@ from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
 from ..outputs import atomic_output_dir, local_path, require_exists, uri, write_json
 from ..schemas import load_schema, validate_parquet
+from ..spark import spark_task, task_frame
 
 log = logging.getLogger(__name__)
 
@@ -294,9 +295,8 @@ def _decoded_frame(spark, cfg: ImagesIngestConfig, parts: list[dict]):
 
     schema = from_arrow_schema(_arrow_schema_with_error())
     if cfg.source != "image_folder":
-        desc = spark.createDataFrame([(json.dumps(p),) for p in parts], "part string")
-        desc = desc.repartition(max(1, len(parts)))
-        return desc.mapInArrow(_decode_parts, schema)
+        desc = task_frame(spark, [(json.dumps(p),) for p in parts], "part string")
+        return desc.mapInArrow(spark_task(_decode_parts), schema)
     root, classes = parts[0]["path"], parts[0]["classes"]
     files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(uri(root))
              .filter(F.lower(F.col("path")).rlike(r"\.(" + "|".join(s[1:] for s in IMAGE_SUFFIXES) + r")$")))
@@ -311,7 +311,7 @@ def _decoded_frame(spark, cfg: ImagesIngestConfig, parts: list[dict]):
     ids = spark.createDataFrame(rows, "path string, sample_id long, label long")
     joined = files.join(ids, "path").repartition(max(1, min(64, len(paths) // cfg.records_per_part + 1)))
     return joined.select("path", "content", "sample_id", "label").mapInArrow(
-        _make_folder_decoder(cfg.height, cfg.width, cfg.color_mode), schema)
+        spark_task(_make_folder_decoder(cfg.height, cfg.width, cfg.color_mode)), schema)
 
 
 def _with_split(df, cfg: ImagesIngestConfig, has_source_test: bool):

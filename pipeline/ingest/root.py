@@ -53,6 +53,7 @@ from pydantic import Field, field_validator
 
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
+from ..spark import spark_task, task_frame
 
 log = logging.getLogger(__name__)
 
@@ -251,12 +252,15 @@ def _leaf_names(t) -> list[str]:
 
 def _branch_bytes_per_entry(t, branches: list[str]) -> float:
     n = max(t.num_entries, 1)
+    wanted = set(branches)
     total = 0
-    for b in branches:
-        try:
-            total += t[b].uncompressed_bytes
-        except Exception:  # noqa: BLE001 - an estimate only
-            pass
+    # one walk over the branch tree: ``t[name]`` searches it recursively for every name
+    for name, br in t.iteritems(recursive=True, full_paths=False):
+        if name in wanted:
+            try:
+                total += br.uncompressed_bytes
+            except Exception:  # noqa: BLE001 - an estimate only
+                pass
     return total / n
 
 
@@ -268,6 +272,8 @@ def _ranges(t, branches: list[str], mode: str, size: int, start: int, stop: int)
         target = size
     else:
         target = max(1, int(size // max(_branch_bytes_per_entry(t, branches), 1.0)))
+    if stop - start <= target:
+        return [(start, stop)]                     # one chunk: no need for the basket boundaries
     try:
         bounds = [int(x) for x in t.common_entry_offsets(filter_name=branches) if start < x < stop]
     except Exception:  # noqa: BLE001 - fall back to plain ranges
@@ -390,14 +396,8 @@ def to_arrow(arr):
 
 def chunks_dataframe(spark, chunks: list[Chunk]):
     """A DataFrame of chunk descriptors, one chunk per partition (so Spark balances the chunks)."""
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-    schema = StructType([StructField("chunk_id", IntegerType(), False), StructField("file_index", IntegerType(), False),
-                         StructField("path", StringType(), False), StructField("tree", StringType(), False),
-                         StructField("entry_start", LongType(), False), StructField("entry_stop", LongType(), False)])
-    rows = [(c.chunk_id, c.file_index, c.path, c.tree, c.entry_start, c.entry_stop) for c in chunks]
-    rdd = spark.sparkContext.parallelize(rows, numSlices=max(1, len(rows)))
-    return spark.createDataFrame(rdd, schema)
+    return task_frame(spark, [(c.chunk_id, c.file_index, c.path, c.tree, c.entry_start, c.entry_stop) for c in chunks],
+                      "chunk_id int, file_index int, path string, tree string, entry_start long, entry_stop long")
 
 
 # --------------------------------------------------------------------------------------------
@@ -570,15 +570,12 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     spark = spark or get_spark(cfg.spark)
     with atomic_output_dir(cfg.output) as tmp:
         todo = [(i, p) for i, p in enumerate(files) if i >= first_good]
-        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
-        fdf = spark.createDataFrame(spark.sparkContext.parallelize(todo, max(1, len(todo))),
-                                    StructType([StructField("file_index", IntegerType(), False),
-                                                StructField("path", StringType(), False)]))
+        fdf = task_frame(spark, todo, "file_index int, path string")
         scan = functools.partial(_scan_partition, tree=cfg.tree, filter_name=cfg.filter_name, branches=branches,
                                  schema=schema, out_dir=str(tmp), mode=mode, size=size,
                                  entry_start=cfg.entry_start, entry_stop=cfg.entry_stop,
                                  row_group_rows=cfg.row_group_rows)
-        scanned = {r["file_index"]: r.asDict() for r in fdf.mapInArrow(scan, _spark_schema(SCAN_FIELDS)).collect()}
+        scanned = {r["file_index"]: r.asDict() for r in fdf.mapInArrow(spark_task(scan), _spark_schema(SCAN_FIELDS)).collect()}
         chunks = []
         for fi, r in sorted(scanned.items()):
             if not r["error"] and not r["done"]:
@@ -591,7 +588,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
             fn = functools.partial(_ingest_partition, branches=branches, schema=schema, out_dir=str(tmp),
                                    row_group_rows=cfg.row_group_rows)
             statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
-                fn, _spark_schema(STATUS_FIELDS)).collect()]
+                spark_task(fn), _spark_schema(STATUS_FIELDS)).collect()]
         per_file = _summarise(files, errors, scanned, chunks, statuses, tmp)
         n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
         if not any(p.suffix == ".parquet" for p in tmp.iterdir()):

@@ -52,6 +52,7 @@ from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..outputs import atomic_output_dir, local_path, require_exists, uri, write_json
 from ..schemas import parquet_schema
+from ..spark import spark_task
 from .schemes import SCHEMES, Assignment, Layout, assign, check_sample_count, id_ranges, resolve_layout
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,7 @@ def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Pa
                   .sortWithinPartitions(_DEST, _ORDER)
                   .select(*cols, F.col(_DEST)))
         writer = _make_writer(str(root), dirs, schema, row_group_rows)
-        return routed.mapInArrow(writer, "dest int, file string, rows long, row_groups int").collect()
+        return routed.mapInArrow(spark_task(writer), "dest int, file string, rows long, row_groups int").collect()
     finally:
         if old is None:
             spark.conf.unset(key)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..outputs import atomic_output_dir, local_path, write_json
+from ..spark import spark_task
 from .config import SimulateConfig
 from .generator import PROCESS_CODE, derive_seeds, process_settings
 
@@ -133,7 +134,7 @@ def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, out_dir: str) -
     def collect():
         try:
             sc.setJobDescription(f"simulate {len(tasks)} tasks")
-            box["results"] = sc.parallelize(tasks, len(tasks)).map(work).collect()
+            box["results"] = sc.parallelize(tasks, len(tasks)).map(spark_task(work)).collect()
         except BaseException as e:  # noqa: BLE001 - re-raised on the driver thread
             box["error"] = e
 
