@@ -7,13 +7,14 @@ Delphes feature stage in events per second per core. Not a test: prints measured
 Input: ``--copies`` symlinks of the real ``delphes.root`` (5.4 MB each, 25 events), i.e. a few
 hundred MB. Both sides convert the same branches (``configs/ingest_root.yaml``'s ``filter_name``,
 or every branch with a Parquet form with ``--branches all``) of the same files and write snappy
-Parquet. The bare side runs in a fresh interpreter (one untimed warm-up file). The Spark side runs ``ingest_root`` on ``local[cores]`` after one warm-up run (Python
-workers started); its time includes the driver's planning. Per-core ratio =
-(Spark MB/s / cores) / (bare MB/s), target >= 0.7; bare and Spark runs alternate ``--repeat``
-times and the median round is reported. The feature stage runs on copies of
-delphes.root with an added 40 GeV muon per event (tests/hep_root_fixtures.py), so that about a
-third of the events pass the selection, and is reported as events read per second per core,
-next to ``compute_features`` in one bare process on the same events.
+Parquet. The bare side runs in a fresh interpreter (one untimed warm-up file). The Spark side runs
+``ingest_root`` on ``local[cores]`` after one warm-up run (Python workers started); its time
+includes the driver's planning. Per-core ratio = (Spark MB/s / cores) / (bare MB/s), target >= 0.7;
+bare and Spark runs alternate ``--repeat`` times and the median round is reported. The feature
+stage runs on copies of delphes.root with an added 40 GeV muon per event
+(tests/hep_root_fixtures.py), so that about a third of the events pass the selection, and is
+reported as events read per second per core, next to ``compute_features`` in one bare process on
+the same events.
 """
 from __future__ import annotations
 

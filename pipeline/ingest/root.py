@@ -15,8 +15,11 @@ Design
    ``step_size`` (``"100 MB"`` of uncompressed branch data, or a number of entries), snapped to the
    basket clusters shared by the selected branches. A file that is one chunk is converted in the
    same task (no second open); a larger file returns its ranges to the driver. Opening a Delphes
-   file's metadata costs about as much as converting its physics branches, so it is done once
-   per file, in parallel, rather than serially on the driver (see ``bench/ingest.py``).
+   file's metadata costs several times more than reading its physics branches, so it is done
+   once per file, in parallel, rather than serially on the driver (see ``bench/ingest.py``).
+   The task descriptors are built with :func:`pipeline.spark.task_frame` and every task runs
+   through :func:`pipeline.spark.spark_task`: both keep the per-task overhead of the Python
+   workers small, which matters because a file is a short task.
 3. **Phase 2, one Spark task per chunk** of the larger files: the driver turns the ranges into a
    DataFrame of chunk descriptors (one per partition) and ``mapInArrow`` runs
    :func:`_ingest_partition` in the executors.
