@@ -32,6 +32,20 @@ def setup_logging(level: int = logging.INFO) -> None:
                             datefmt="%H:%M:%S", stream=sys.stderr)
     for noisy in ("py4j", "urllib3", "matplotlib", "petastorm", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not any(isinstance(f, _Py4JRetryFilter) for f in root.filters):
+        root.addFilter(_Py4JRetryFilter())
+
+
+class _Py4JRetryFilter(logging.Filter):
+    """Drop py4j's INFO traceback of a retried command. When a pooled gateway connection was
+    closed by the JVM (for example while Horovod's Spark job runs), py4j resends the command on a
+    new connection and logs the first failure with a full ``Py4JNetworkError`` traceback through
+    the *root* logger at INFO level (``logging.info`` in ``java_gateway.py``), which reads like a
+    crash. A command that fails for good is still logged, at ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and "py4j" in record.pathname
+                    and record.getMessage() == "Exception while sending command.")
 
 
 def _fmt_default(v: Any) -> str:

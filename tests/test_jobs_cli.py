@@ -182,3 +182,23 @@ def test_missing_config_file_is_named(job, tmp_path):
     r = _run(["-m", f"jobs.{job['name']}", "--config", str(missing), "--dry-run"])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and str(missing) in lines[0], lines[:5]
+
+
+def test_py4j_retry_traceback_is_dropped_but_errors_are_kept():
+    """py4j logs a retried command's Py4JNetworkError at INFO through the root logger; the job
+    logging drops exactly that record and keeps the ERROR of a command that failed for good."""
+    import logging
+
+    from pipeline.cli import setup_logging
+
+    setup_logging()
+    root = logging.getLogger()
+
+    def record(level, path, msg="Exception while sending command."):
+        return logging.LogRecord("root", level, path, 1056, msg, None, None)
+
+    gateway = "/venv/pyspark/python/lib/py4j-0.10.9.9-src.zip/py4j/java_gateway.py"
+    assert not root.filter(record(logging.INFO, gateway))
+    assert root.filter(record(logging.ERROR, gateway))
+    assert root.filter(record(logging.INFO, "/work/pipeline/train/launch.py"))
+    assert root.filter(record(logging.INFO, gateway, "connected"))
