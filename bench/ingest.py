@@ -60,6 +60,17 @@ def bare_in_fresh_process(*args) -> float:
         return pool.apply(bare_convert, args)
 
 
+def symlink_copies(src: Path, folder: Path, stem: str, n: int) -> list[str]:
+    """``n`` symlinks ``folder/<stem>_NNN.root`` -> ``src`` (kept if already there)."""
+    out = []
+    for i in range(n):
+        p = folder / f"{stem}_{i:03d}.root"
+        if not p.exists():
+            p.symlink_to(src)
+        out.append(str(p))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--copies", type=int, default=40, help="copies of delphes.root for the ingestion (5.4 MB each)")
@@ -88,12 +99,7 @@ def main(argv=None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-ingest-"))
     inp = work / "input"
     inp.mkdir(parents=True, exist_ok=True)
-    files = []
-    for i in range(args.copies):
-        p = inp / f"delphes_{i:03d}.root"
-        if not p.exists():
-            p.symlink_to(src)
-        files.append(str(p))
+    files = symlink_copies(src, inp, "delphes", args.copies)
     mb = args.copies * src.stat().st_size / 1e6
     filt = ["*"] if args.branches == "all" else yaml.safe_load((REPO / "configs" / "ingest_root.yaml").read_text())["filter_name"]
     branches = plan_chunks([str(src)], "Delphes", filt, progress=False).branches
@@ -135,12 +141,7 @@ def main(argv=None) -> int:
     boosted = fdir / "boosted.root"
     if not boosted.exists():
         H.write_delphes_like(boosted, H.boosted(H.read_required(src)))
-    ffiles = []
-    for i in range(args.feature_copies):
-        p = fdir / f"ttbar_{i:03d}.root"
-        if not p.exists():
-            p.symlink_to(boosted)
-        ffiles.append(str(p))
+    ffiles = symlink_copies(boosted, fdir, "ttbar", args.feature_copies)
     n_events = 25 * args.feature_copies
     import uproot
     arrs = uproot.open(boosted)["Delphes"].arrays(list(REQUIRED_BRANCHES))

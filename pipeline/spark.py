@@ -54,9 +54,6 @@ def get_spark(cfg: Optional[SparkConfig] = None):
 # Python worker start-up cost
 # --------------------------------------------------------------------------------------------
 
-_ZIP_STAMPS: dict = {}
-
-
 def python_worker_setup() -> None:
     """Make the following tasks of this Spark Python worker start fast (idempotent, cheap).
 
@@ -85,10 +82,9 @@ def python_worker_setup() -> None:
             stamp = (st.st_mtime_ns, st.st_size)
         except OSError:
             stamp = None
-        key = (id(self), self.archive)
-        if stamp is not None and _ZIP_STAMPS.get(key) == stamp:
+        if stamp is not None and getattr(self, "_pipeline_stamp", None) == stamp:
             return
-        _ZIP_STAMPS[key] = stamp
+        self._pipeline_stamp = stamp
         original(self)
 
     cls.invalidate_caches = invalidate_caches

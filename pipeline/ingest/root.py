@@ -248,33 +248,32 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:300]
 
 
-def _leaf_names(t) -> list[str]:
-    """Branch names without their parent's path (``Electron.PT``, not ``Electron/Electron.PT``)."""
-    return list(t.keys(recursive=True, full_paths=False))
+def _branches_by_name(t) -> dict:
+    """Every branch by its name without the parent's path (``Electron.PT``, not
+    ``Electron/Electron.PT``), from one walk of the branch tree (``t[name]`` searches the tree
+    recursively for every name)."""
+    return dict(t.iteritems(recursive=True, full_paths=False))
 
 
-def _branch_bytes_per_entry(t, branches: list[str]) -> float:
-    n = max(t.num_entries, 1)
-    wanted = set(branches)
+def _branch_bytes_per_entry(by_name: dict, branches: list[str], entries: int) -> float:
     total = 0
-    # one walk over the branch tree: ``t[name]`` searches it recursively for every name
-    for name, br in t.iteritems(recursive=True, full_paths=False):
-        if name in wanted:
-            try:
-                total += br.uncompressed_bytes
-            except Exception:  # noqa: BLE001 - an estimate only
-                pass
-    return total / n
+    for name in branches:
+        try:
+            total += by_name[name].uncompressed_bytes
+        except Exception:  # noqa: BLE001 - an estimate only
+            pass
+    return total / max(entries, 1)
 
 
-def _ranges(t, branches: list[str], mode: str, size: int, start: int, stop: int) -> list[tuple[int, int]]:
+def _ranges(t, by_name: dict, branches: list[str], mode: str, size: int, start: int,
+            stop: int) -> list[tuple[int, int]]:
     """Entry ranges of about ``size`` (entries or bytes), snapped to shared basket boundaries."""
     if stop <= start:
         return []
     if mode == "entries":
         target = size
     else:
-        target = max(1, int(size // max(_branch_bytes_per_entry(t, branches), 1.0)))
+        target = max(1, int(size // max(_branch_bytes_per_entry(by_name, branches, t.num_entries), 1.0)))
     if stop - start <= target:
         return [(start, stop)]                     # one chunk: no need for the basket boundaries
     try:
@@ -302,7 +301,8 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
     ``resolved`` is the branch list fixed by the first good file (None: resolve it here).
     """
     t = open_tree(path, tree)
-    matched, missing = _match(filter_name, _leaf_names(t))
+    by_name = _branches_by_name(t)
+    matched, missing = _match(filter_name, list(by_name))
     if missing:
         raise BadInputError(f"missing branch {missing[0]!r} in tree {tree!r}")
     if not matched:
@@ -317,7 +317,7 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
     n = int(t.num_entries)
     a = min(entry_start or 0, n)
     b = n if entry_stop is None else min(entry_stop, n)
-    return t, resolved, max(0, b - a), _ranges(t, resolved, mode, size, a, b)
+    return t, resolved, max(0, b - a), _ranges(t, by_name, resolved, mode, size, a, b)
 
 
 def _error_text(e: BaseException) -> str:
