@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 SUBMIT  := $(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g \
            --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$(CURDIR)/configs/log4j2.properties"
 
-.PHONY: setup run run-images run-hep test bench clean
+.PHONY: setup run run-images run-hep test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -25,8 +25,12 @@ run-hep: setup
 run-images: setup
 	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml
 
+## make test: the whole suite (CI); make test-fast: without the slow, e2e and cluster tiers
 test: setup
 	$(PY) -m pytest tests
+
+test-fast: setup
+	$(PY) -m pytest tests -m "not slow and not e2e and not cluster"
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
