@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 pytest_plugins = ["train_fixtures"]
+pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(params=["horovod", "torch"])

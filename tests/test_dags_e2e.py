@@ -20,6 +20,8 @@ import yaml
 
 from dags_fixtures import REPO, airflow_home, dag_run_summary, leftovers, run_airflow  # noqa: F401 (fixture)
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 LOGICAL = "2026-11-01T00:00:00+00:00"
 RUN_KEY = "20261101T000000"
 N_DIGITS = 5000

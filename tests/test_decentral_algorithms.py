@@ -12,6 +12,8 @@ from decentral_fixtures import algorithm_checks, run_horovod_workers, run_torch_
 from pipeline.train.consensus import consensus_distance_of
 from pipeline.train.topology import check_partners, make_graph
 
+pytestmark = pytest.mark.cluster
+
 
 @pytest.fixture(scope="module")
 def torch4():

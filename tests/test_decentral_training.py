@@ -10,6 +10,8 @@ from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
 from train_fixtures import write_digit_shards
 
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def digits4(tmp_path_factory):

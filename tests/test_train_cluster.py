@@ -17,6 +17,7 @@ import pytest
 import torch
 
 pytest_plugins = ["train_fixtures"]
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,7 @@ import pytest
 from train_fixtures import shard_digits
 
 pytest_plugins = ["train_fixtures"]
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 
 
