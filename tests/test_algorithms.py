@@ -21,12 +21,14 @@ def ranks(request, horovod_checks, torch_checks):
     return {"horovod": horovod_checks, "torch": torch_checks}[request.param]
 
 
+@pytest.mark.cluster
 def test_arsgd_equals_single_process_large_batch(ranks):
     for r in ranks:
         assert r["arsgd"]["moved"] > 1e-2  # the run did something
         assert r["arsgd"]["max_diff"] < 1e-5
 
 
+@pytest.mark.cluster
 def test_local_sgd_h1_is_averaging_every_step_and_ranks_agree_after_averages(ranks):
     for r in ranks:
         ls = r["local_sgd"]
@@ -36,6 +38,7 @@ def test_local_sgd_h1_is_averaging_every_step_and_ranks_agree_after_averages(ran
         assert eq == {1: False, 2: False, 3: True, 4: False, 5: False, 6: True}
 
 
+@pytest.mark.cluster
 def test_slowmo_reduces_to_base_and_to_momentum_sgd(ranks):
     for r in ranks:
         s = r["slowmo"]
@@ -56,6 +59,7 @@ def _expected_level(n, periods):
     return "world" if n % lw == 0 else "neighbourhood" if n % ln == 0 else "household" if n % lh == 0 else None
 
 
+@pytest.mark.cluster
 def test_hierarchical_touches_exactly_the_groups_the_periods_say(hier):
     assert len(hier) == 4
     for r in hier:

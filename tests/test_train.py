@@ -19,6 +19,8 @@ from train_fixtures import write_digit_shards
 pytest_plugins = ["train_fixtures"]
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path):
     out = tmp_path / "train"
@@ -44,6 +46,8 @@ def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path
     assert ck[0] == "step_00000010.pt" and ck[-1] == f"step_{s['steps']:08d}.pt"
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_resume_continues_like_an_uninterrupted_run(tmp_path):
     man = write_digit_shards(tmp_path / "shards", workers=2, n_train=256, n_test=64, n_val=64, row_group_rows=32)
