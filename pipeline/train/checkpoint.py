@@ -1,32 +1,55 @@
-"""Checkpoints: every K steps and at the end; ``resume`` continues from the newest one.
+"""Checkpoints: every K steps and at the end; a resume continues from the newest complete one.
 
-A checkpoint is one file ``<checkpoint_dir>/step_<NNNNNNNN>.pt`` written by rank 0 (write to
-a temporary name, then rename, so a crash never leaves a half-written checkpoint). It holds
-EVERY rank's state, gathered with ``allgather_object``, because ranks of local/hierarchical
-SGD or SlowMo-without-average differ between averages::
+Layout: one directory per checkpoint, one file per rank, and a manifest written last::
 
-    {"step": s, "epoch": e, "offset": k, "elapsed_s": t, "fingerprint": {...},
-     "metrics": [previous metric lines], "ranks": [{"model", "optimizer", "algorithm", "rng"}, ...]}
+    <checkpoint_dir>/step_<NNNNNNNN>/rank_<RRR>.pt   {"model", "optimizer", "algorithm", "rng"}
+    <checkpoint_dir>/step_<NNNNNNNN>/meta.json       {"format", "step", "world", "elapsed_s", "fingerprint",
+                                                      "metrics": [metric lines so far],
+                                                      "files": {"rank_000.pt": {"sha256", "bytes"}, ...}}
 
-Resuming rebuilds each rank's model/optimizer/algorithm/RNG state, reopens epoch ``e`` with
-the same (worker, epoch) seed and skips its first ``k`` batches, so a deterministic run
-resumed from a checkpoint ends with the same parameters as one that was never interrupted.
-The fingerprint (the config fields that change the result) must match, else ConfigError.
+Every rank writes its OWN state (to a temporary name, fsync'd, then renamed into place), so
+no rank ever holds another rank's state; the ranks then exchange only (file, hash, size) and
+rank 0 writes ``meta.json`` the same way. A checkpoint is complete when its ``meta.json``
+exists and every rank file has the recorded size and SHA-256: a crash at any moment leaves
+either a complete checkpoint or one that :func:`newest_complete` skips with a warning naming
+it (the previous complete one is used). Rank 0 keeps the newest ``keep`` complete checkpoints.
+
+``rng`` holds torch's CPU generator, every CUDA device's generator (when CUDA is present),
+numpy's global and Python's ``random`` states. Resuming rebuilds each rank's model,
+optimizer, algorithm and RNG state and the training loop continues at step ``step`` (epoch
+``step // steps_per_epoch``, reopened with the same (worker, epoch) seed, skipping the
+batches already taken), so a deterministic run resumed from a checkpoint ends with the same
+parameters as one that was never interrupted. The fingerprint (the config fields that change
+the result) must match, else ConfigError.
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import logging
 import os
+import random
 import re
+import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-import torch
+import numpy as np
 
 from ..errors import ConfigError
 
+log = logging.getLogger(__name__)
+
+FORMAT = 2
+META = "meta.json"
+_STEP_DIR = re.compile(r"step_(\d{8})")
 FINGERPRINT_FIELDS = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
                       "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps")
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint directory that is incomplete, truncated or does not match its hashes."""
 
 
 def fingerprint(cfg, workers: int) -> dict:
@@ -35,44 +58,210 @@ def fingerprint(cfg, workers: int) -> dict:
     return d
 
 
-def rank_state(model, optimizer, algo) -> bytes:
+def step_dir(ckpt_dir: str | os.PathLike, step: int) -> Path:
+    return Path(ckpt_dir) / f"step_{step:08d}"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:03d}.pt"
+
+
+# ---------------------------------------------------------------------------- RNG states
+def _torch_cuda():
+    import torch
+
+    return torch.cuda
+
+
+def rng_state(cuda=None) -> dict:
+    """Torch CPU, CUDA (every device, when available), numpy and Python RNG states.
+    ``cuda`` is the probe (``torch.cuda`` by default; tests inject one)."""
+    import torch
+
+    cuda = cuda if cuda is not None else _torch_cuda()
+    return {"torch": torch.get_rng_state(), "cuda": list(cuda.get_rng_state_all()) if cuda.is_available() else None,
+            "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(st: dict, cuda=None) -> None:
+    import torch
+
+    cuda = cuda if cuda is not None else _torch_cuda()
+    torch.set_rng_state(st["torch"].cpu())
+    if st.get("numpy") is not None:
+        np.random.set_state(st["numpy"])
+    if st.get("python") is not None:
+        random.setstate(st["python"])
+    saved = st.get("cuda")
+    if saved and cuda.is_available():
+        have = cuda.device_count()
+        if have != len(saved):
+            log.warning("checkpoint holds CUDA RNG states of %d device(s), this worker sees %d: restoring %d",
+                        len(saved), have, min(have, len(saved)))
+        cuda.set_rng_state_all([s.cpu() for s in saved[:have]])
+
+
+# ---------------------------------------------------------------------------- writing
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def rank_bytes(model, optimizer, algo, cuda=None) -> bytes:
+    import torch
+
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "algorithm": algo.state_dict(),
-                "rng": torch.get_rng_state()}, buf)
+                "rng": rng_state(cuda)}, buf)
     return buf.getvalue()
 
 
-def load_rank_state(blob: bytes, model, optimizer, algo, device) -> None:
-    st = torch.load(io.BytesIO(blob), map_location=device, weights_only=False)
-    model.load_state_dict(st["model"])
-    optimizer.load_state_dict(st["optimizer"])
-    algo.load_state_dict(st["algorithm"])
-    torch.set_rng_state(st["rng"].cpu())
-
-
-def save(ckpt_dir: str, step: int, payload: dict[str, Any]) -> Path:
-    d = Path(ckpt_dir)
+def write(comm, ckpt_dir: str, step: int, model, optimizer, algo, meta: dict[str, Any],
+          keep: int = 0) -> Optional[str]:
+    """Collective: every rank writes its own file; rank 0 then writes ``meta.json`` (``meta`` on
+    rank 0: ``elapsed_s``, ``fingerprint``, ``metrics``) and prunes to the newest ``keep``.
+    Returns the checkpoint directory on rank 0, None on the other ranks."""
+    d = step_dir(ckpt_dir, step)
     d.mkdir(parents=True, exist_ok=True)
-    final = d / f"step_{step:08d}.pt"
-    tmp = d / f".{final.name}.tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, final)
-    return final
+    blob = rank_bytes(model, optimizer, algo)
+    _write_atomic(d / rank_file(comm.rank), blob)
+    entry = (rank_file(comm.rank), hashlib.sha256(blob).hexdigest(), len(blob))
+    del blob
+    with comm.stats_paused():
+        entries = comm.allgather_object(entry)
+    if comm.rank != 0:
+        return None
+    full = {"format": FORMAT, "step": int(step), "world": comm.world_size, **meta,
+            "files": {name: {"sha256": sha, "bytes": n} for name, sha, n in entries}}
+    _write_atomic(d / META, (json.dumps(full, default=str) + "\n").encode())
+    _fsync_dir(d)
+    if keep:
+        prune(ckpt_dir, keep)
+    return str(d)
 
 
-def latest(ckpt_dir: str) -> Optional[Path]:
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def prune(ckpt_dir: str, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` complete checkpoints, and incomplete ones older than
+    the newest complete one (leftovers of a crash). Returns what was removed."""
+    removed, complete = [], 0
+    for p in candidates(ckpt_dir):
+        ok = (p / META).is_file()
+        if ok:
+            complete += 1
+        if (ok and complete > keep) or (not ok and complete > 0):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+# ---------------------------------------------------------------------------- reading
+def candidates(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint directories, newest first."""
     d = Path(ckpt_dir)
     if not d.is_dir():
-        return None
-    found = sorted(p for p in d.iterdir() if re.fullmatch(r"step_\d{8}\.pt", p.name))
-    return found[-1] if found else None
+        return []
+    return sorted((p for p in d.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name)), reverse=True)
 
 
-def load(path: Path, expected_fingerprint: dict) -> dict:
-    ck = torch.load(path, map_location="cpu", weights_only=False)
-    fp = ck.get("fingerprint", {})
-    for k, v in expected_fingerprint.items():
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(path: str | os.PathLike) -> dict:
+    """The meta of a complete checkpoint; CorruptCheckpoint naming what is wrong otherwise."""
+    p = Path(path)
+    mf = p / META
+    if not mf.is_file():
+        raise CorruptCheckpoint("incomplete (no meta.json)")
+    try:
+        meta = json.loads(mf.read_text())
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpoint(f"unreadable meta.json ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
+        raise CorruptCheckpoint("meta.json is not a checkpoint manifest of this version")
+    if len(meta["files"]) != meta.get("world"):
+        raise CorruptCheckpoint(f"meta.json lists {len(meta['files'])} rank files for {meta.get('world')} ranks")
+    for name, info in sorted(meta["files"].items()):
+        f = p / name
+        if not f.is_file():
+            raise CorruptCheckpoint(f"{name} missing")
+        size = f.stat().st_size
+        if size != info.get("bytes"):
+            raise CorruptCheckpoint(f"{name} has {size} bytes, expected {info.get('bytes')} (truncated?)")
+        if _sha256(f) != info.get("sha256"):
+            raise CorruptCheckpoint(f"{name} does not match its SHA-256 (corrupt)")
+    return meta
+
+
+def newest_complete(ckpt_dir: str | os.PathLike,
+                    warn: Callable[[str], None] = log.warning) -> Optional[tuple[Path, dict]]:
+    """(path, meta) of the newest complete checkpoint; corrupt or incomplete newer ones are
+    skipped with a warning naming them. None when there is none."""
+    for p in candidates(ckpt_dir):
+        try:
+            return p, verify(p)
+        except CorruptCheckpoint as e:
+            warn(f"skipping checkpoint {p}: {e}; trying the previous one")
+    return None
+
+
+def check_fingerprint(path: str | os.PathLike, meta: dict, expected: dict) -> None:
+    fp = meta.get("fingerprint") or {}
+    for k, v in expected.items():
         if fp.get(k) != v:
             raise ConfigError(f"cannot resume from {path}: config value {k}={v!r} differs from the "
                               f"checkpoint's {fp.get(k)!r}")
-    return ck
+
+
+def matches(meta: dict, expected: dict) -> bool:
+    fp = meta.get("fingerprint") or {}
+    return all(fp.get(k) == v for k, v in expected.items())
+
+
+def restore(path: str | os.PathLike, rank: int, model, optimizer, algo, device=None, cuda=None) -> dict:
+    """Load rank ``rank``'s state of checkpoint ``path`` (checked against its hash) into the
+    model/optimizer/algorithm, restore the RNG states; return the meta (``step``,
+    ``elapsed_s``, ``metrics``, ``fingerprint``)."""
+    import torch
+
+    p = Path(path)
+    meta = json.loads((p / META).read_text())
+    name = rank_file(rank)
+    info = meta["files"].get(name)
+    if info is None:
+        raise CorruptCheckpoint(f"{p}: no state for rank {rank}")
+    data = (p / name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        raise CorruptCheckpoint(f"{p / name} does not match its SHA-256")
+    st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    del data
+    model.load_state_dict(st["model"])
+    optimizer.load_state_dict(st["optimizer"])
+    algo.load_state_dict(st["algorithm"])
+    set_rng_state(st["rng"], cuda)
+    return meta

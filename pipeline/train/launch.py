@@ -29,11 +29,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
+import pickle
+import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
 from ..outputs import atomic_output_dir, local_path, write_json
@@ -132,61 +133,176 @@ def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
     try:
         queue.put((rank, worker_entry(*args), None))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        queue.put((rank, None, f"{type(e).__name__}: {e}"))
+        try:
+            pickle.dumps(e)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle travels as text
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        queue.put((rank, None, e))
 
 
-def _run_local(args: tuple, world: int) -> list[dict]:
+def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5) -> list[dict]:
+    """M local processes joined by torch.distributed (gloo). A process that dies without a
+    result (killed, out of memory) is noticed within ``poll_s``; once one rank failed, the others
+    get ``grace_s`` to finish or fail before they are terminated. Raises the first rank's bad-input
+    error as it is, :class:`~pipeline.train.restart.WorkerLost` for a dead process, else a
+    RuntimeError naming every failed rank."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
     from .loop import worker_entry
+    from .restart import WorkerLost
 
     if world == 1:
         cfg_json, _, plan, out, ck = args
         return [worker_entry(cfg_json, "local", plan, out, ck)]
-    import multiprocessing as mp
-
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     port = _free_port()
     argv = (args[0], "torch") + tuple(args[2:])
-    procs = [ctx.Process(target=_local_child, args=(r, world, port, argv, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_local_child, args=(r, world, port, argv, queue), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
-    errors = []
-    for _ in range(world):
-        rank, res, err = queue.get()
-        results[rank] = res
-        if err:
-            errors.append(f"rank {rank}: {err}")
-    for p in procs:
-        p.join()
+    errors: dict[int, BaseException] = {}
+    lost: dict[int, int] = {}
+    first_failure = None
+    try:
+        while len(results) + len(errors) + len(lost) < world:
+            try:
+                rank, res, err = queue.get(timeout=poll_s)
+                if err is None:
+                    results[rank] = res
+                else:
+                    errors[rank] = err
+                    first_failure = first_failure or time.monotonic()
+                continue
+            except queue_mod.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in results and r not in errors and r not in lost and p.exitcode not in (None, 0):
+                    lost[r] = p.exitcode
+                    first_failure = first_failure or time.monotonic()
+            if first_failure is not None and time.monotonic() - first_failure > grace_s:
+                break
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        queue.close()
+    return _local_outcome(world, results, errors, lost, WorkerLost)
+
+
+def _local_outcome(world, results, errors, lost, lost_cls) -> list[dict]:
+    from ..errors import PipelineError
+
+    for r in sorted(errors):
+        if isinstance(errors[r], PipelineError):
+            raise errors[r]
+    if lost:
+        r = min(lost)
+        code = lost[r]
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exit code {code}"
+        others = "; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(errors.items()))
+        raise lost_cls(f"rank {r}: worker process died ({how})" + (f"; then {others}" if others else ""), rank=r)
     if errors:
-        raise RuntimeError("; ".join(errors))
+        raise RuntimeError("; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(errors.items())))
+    missing = [r for r in range(world) if r not in results]
+    if missing:
+        raise lost_cls(f"ranks {missing} gave no result", rank=missing[0])
     return [results[r] for r in range(world)]
+
+
+def task_gpu(resources: Optional[Mapping[str, Any]] = None) -> Optional[int]:
+    """The GPU Spark assigned to this task (the first address of its ``gpu`` resource), None when
+    it has none. ``resources`` defaults to what the task sees: inside a Horovod-on-Spark worker
+    the resources Horovod fetched from the task's ``TaskContext``, else ``TaskContext.get()``."""
+    if resources is None:
+        resources = _task_resources()
+    gpu = (resources or {}).get("gpu")
+    addresses = list(getattr(gpu, "addresses", gpu) or [])
+    return int(addresses[0]) if addresses else None
+
+
+def _task_resources() -> Mapping[str, Any]:
+    try:
+        from horovod.spark.task import task_info
+
+        if task_info._info.resources:
+            return task_info._info.resources
+    except ImportError:
+        pass
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return {}
+    tc = TaskContext.get()
+    return tc.resources() if tc is not None else {}
+
+
+def _with_assigned_gpu(*args):
+    """A Spark-launched worker: :func:`~pipeline.train.loop.worker_entry` on the GPU Spark assigned."""
+    import inspect
+
+    from .loop import worker_entry
+
+    if "assigned_gpu" in inspect.signature(worker_entry).parameters:
+        return worker_entry(*args, assigned_gpu=task_gpu())
+    return worker_entry(*args)
 
 
 def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     import horovod.spark
 
     from ..spark import get_spark
-    from .loop import worker_entry
 
     spark = spark or get_spark(cfg.spark)
-    return horovod.spark.run(worker_entry, args=args, num_proc=world, use_gloo=True,
+    _check_slots(spark, world)
+    return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
                              start_timeout=cfg.start_timeout, verbose=0)
 
 
+def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) -> bool:
+    """TorchDistributor's ``use_gpu``, from the config only (the driver often has no GPU):
+    ``device=cuda`` -> True, ``cpu`` -> False, ``auto`` -> whether Spark gives GPUs to the
+    processes (``spark.task.resource.gpu.amount``, or the driver's amount in local mode)."""
+    if device != "auto":
+        return device == "cuda"
+    key = "spark.driver.resource.gpu.amount" if local_mode else "spark.task.resource.gpu.amount"
+    try:
+        return float(spark_conf.get(key) or 0) > 0
+    except ValueError:
+        raise ConfigError(f"invalid Spark setting {key}={spark_conf.get(key)!r}: expected a number") from None
+
+
 def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
-    import torch
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from ..spark import get_spark
     from .loop import worker_entry
 
     spark = spark or get_spark(cfg.spark)
-    use_gpu = torch.cuda.is_available() and cfg.device != "cpu"
+    if not cfg.torch_local_mode:
+        _check_slots(spark, world)
+    conf = dict(spark.sparkContext.getConf().getAll())
+    use_gpu = torch_use_gpu(cfg.device, cfg.torch_local_mode, conf)
     res = TorchDistributor(num_processes=world, local_mode=cfg.torch_local_mode, use_gpu=use_gpu).run(
         worker_entry, *args)
     return [res]
+
+
+def _check_slots(spark, world: int) -> None:
+    """Fail at once when the cluster has fewer task slots than workers (``pipeline.spark``)."""
+    from .. import spark as spark_mod
+
+    check = getattr(spark_mod, "check_task_slots", None)
+    if check is not None:
+        check(spark, world)
 
 
 def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark=None) -> list[dict]:
@@ -201,40 +317,45 @@ def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark
 
 
 def train(cfg: TrainConfig, spark=None) -> dict:
-    """Train on the shards of ``cfg.manifest``; return the summary (also ``<output>/summary.json``)."""
+    """Train on the shards of ``cfg.manifest``; return the summary (also ``<output>/summary.json``).
+    A lost worker is relaunched from the newest complete checkpoint (``restart.supervise``)."""
+    from . import checkpoint, restart
+
     cfg = cfg.model_copy(update={"manifest": str(local_path(cfg.manifest))})
     plan = make_plan(cfg)
     ck = checkpoint_dir(cfg)
-    if not cfg.resume and ck.exists():
-        shutil.rmtree(ck)  # a fresh run never mixes with an older run's checkpoints
     ck.mkdir(parents=True, exist_ok=True)
-    if cfg.resume:  # refuse a changed config here, before any worker starts
-        from . import checkpoint
-
-        last = checkpoint.latest(str(ck))
-        if last is not None:
-            checkpoint.load(last, checkpoint.fingerprint(cfg, plan["workers"]))
+    fp = checkpoint.fingerprint(cfg, plan["workers"])
+    start = restart.start_checkpoint(cfg, ck, fp)  # refuses a changed config before any worker starts
     final = local_path(cfg.output)
     log.info("training %s with %s on %d workers (%s): %d steps, %d pass(es) over each shard, validation every %d",
              cfg.model, cfg.algorithm.name, plan["workers"], cfg.launcher, plan["total_steps"],
              plan["overlap_epochs"], plan["eval_every"])
     t0 = time.time()
     with atomic_output_dir(final) as tmp:
-        results = run_workers(cfg, plan, str(tmp), str(ck), spark)
-        r0 = results[0]
-        summary = {
-            "test_accuracy": r0["test_accuracy"], "test_loss": r0["test_loss"], "auc": r0["auc"],
-            "model": cfg.model, "algorithm": cfg.algorithm.name, "launcher": cfg.launcher,
-            "workers": plan["workers"], "steps": r0["steps"], "samples_processed": r0["samples_processed"],
-            "overlap_epochs": plan["overlap_epochs"], "copies": plan["copies"], "eval_every": plan["eval_every"],
-            "train_seconds": r0["train_seconds"], "seconds": time.time() - t0, "device": r0["device"],
-            "comm": [r["comm"] for r in r0["ranks"]],
-            "final_digests": [r["final_digest"] for r in r0["ranks"]],
-            "metrics": str(final / "metrics.jsonl"), "model_path": str(final / "model.pt"),
-            "checkpoint": (str(r0["checkpoint"]) if r0.get("checkpoint") else None), "checkpoint_dir": str(ck),
-        }
+        def launch(attempt_cfg, resume_from):
+            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(tmp), str(ck), spark)
+
+        results, restarts = restart.supervise(launch, cfg, ck, fp, start)
+        restart.record_restarts(tmp / "metrics.jsonl", restarts)
+        summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)
+        summary.update({"resumed_from": str(start) if start else None, "restarts": restarts})
         write_json(tmp / "summary.json", summary)
-    log.info("test accuracy %.4f after %d steps in %.1f s", summary["test_accuracy"], summary["steps"],
-             summary["seconds"])
-    summary["ranks"] = r0["ranks"]  # per-rank details (digests, comm stats); not in summary.json
+    log.info("test accuracy %.4f after %d steps in %.1f s%s", summary["test_accuracy"], summary["steps"],
+             summary["seconds"], f" ({len(restarts)} restart(s))" if restarts else "")
+    summary["ranks"] = results[0]["ranks"]  # per-rank details (digests, comm stats); not in summary.json
     return summary
+
+
+def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Path, ck: Path, seconds: float) -> dict:
+    return {
+        "test_accuracy": r0["test_accuracy"], "test_loss": r0["test_loss"], "auc": r0["auc"],
+        "model": cfg.model, "algorithm": cfg.algorithm.name, "launcher": cfg.launcher,
+        "workers": plan["workers"], "steps": r0["steps"], "samples_processed": r0["samples_processed"],
+        "overlap_epochs": plan["overlap_epochs"], "copies": plan["copies"], "eval_every": plan["eval_every"],
+        "train_seconds": r0["train_seconds"], "seconds": seconds, "device": r0["device"],
+        "comm": [r["comm"] for r in r0["ranks"]],
+        "final_digests": [r["final_digest"] for r in r0["ranks"]],
+        "metrics": str(final / "metrics.jsonl"), "model_path": str(final / "model.pt"),
+        "checkpoint": (str(r0["checkpoint"]) if r0.get("checkpoint") else None), "checkpoint_dir": str(ck),
+    }

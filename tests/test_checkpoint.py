@@ -1,0 +1,183 @@
+"""Checkpoints on their own: per-rank files with hashes, a corrupt or half-written newest one
+skipped with a warning naming it, keep-last-K, the RNG round trip (CPU, and CUDA through an
+injected probe), and where a run starts for each ``resume`` setting."""
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.train import checkpoint, restart
+from pipeline.train.comm import make_communicator
+from pipeline.train.config import TrainConfig
+
+
+class _State:
+    """Anything with state_dict/load_state_dict (the algorithm slot of a checkpoint)."""
+
+    def __init__(self, v=0):
+        self.v = v
+
+    def state_dict(self):
+        return {"v": self.v}
+
+    def load_state_dict(self, st):
+        self.v = st["v"]
+
+
+def _parts(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 6)).sum().backward()
+    opt.step()  # momentum buffers exist
+    return model, opt, _State(seed)
+
+
+def _write(comm, d, step, seed=0, keep=0, fp=None):
+    model, opt, algo = _parts(seed)
+    meta = {"elapsed_s": float(step), "fingerprint": fp or {"seed": 0}, "metrics": [{"step": step}]}
+    return checkpoint.write(comm, str(d), step, model, opt, algo, meta, keep=keep)
+
+
+@pytest.fixture
+def comm():
+    c = make_communicator("local")
+    yield c
+    c.shutdown()
+
+
+def test_write_then_restore_round_trips_model_optimizer_algorithm_and_every_rng(tmp_path, comm):
+    model, opt, algo = _parts(1)
+    torch.manual_seed(123)
+    np.random.seed(7)
+    random.seed(9)
+    path = checkpoint.write(comm, str(tmp_path), 4, model, opt, algo,
+                            {"elapsed_s": 1.5, "fingerprint": {"seed": 0}, "metrics": [{"step": 2}]})
+    expected = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    files = sorted(p.name for p in (tmp_path / "step_00000004").iterdir())
+    assert files == ["meta.json", "rank_000.pt"]  # no temporary file left
+    meta = json.loads((tmp_path / "step_00000004" / "meta.json").read_text())
+    assert meta["files"]["rank_000.pt"]["bytes"] == (tmp_path / "step_00000004" / "rank_000.pt").stat().st_size
+    m2, o2, a2 = _parts(2)  # different weights, momentum, algorithm state, and RNG moved on
+    torch.rand(10), np.random.rand(10), random.random()
+    got = checkpoint.restore(path, 0, m2, o2, a2)
+    assert got["step"] == 4 and got["elapsed_s"] == 1.5 and got["metrics"] == [{"step": 2}]
+    for a, b in zip(model.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], o2.state_dict()["state"][0]["momentum_buffer"])
+    assert a2.v == 1
+    again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+class FakeCuda:
+    """The CUDA probe of a 2-GPU host (checkpoint.rng_state/set_rng_state take it as ``cuda``)."""
+
+    def __init__(self, n=2, fill=3):
+        self.n = n
+        self.states = [torch.full((16,), fill + i, dtype=torch.uint8) for i in range(n)]
+        self.restored = None
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return self.n
+
+    def get_rng_state_all(self):
+        return [s.clone() for s in self.states]
+
+    def set_rng_state_all(self, states):
+        self.restored = [s.clone() for s in states]
+
+
+def test_cuda_rng_states_are_saved_and_restored_through_the_probe(tmp_path, comm):
+    model, opt, algo = _parts()
+    blob = checkpoint.rank_bytes(model, opt, algo, cuda=FakeCuda(fill=3))
+    st = torch.load(__import__("io").BytesIO(blob), weights_only=False)
+    assert [s.tolist()[0] for s in st["rng"]["cuda"]] == [3, 4]
+    probe = FakeCuda(fill=50)
+    checkpoint.set_rng_state(st["rng"], cuda=probe)
+    assert [s.tolist()[0] for s in probe.restored] == [3, 4]
+    # a host without CUDA records none and restores none
+    cpu_only = checkpoint.rng_state(cuda=type("NoCuda", (), {"is_available": lambda self: False})())
+    assert cpu_only["cuda"] is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_meta", "bad_meta", "missing_rank"])
+def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning_naming_it(tmp_path, comm, damage, caplog):
+    for s in (5, 10, 15):
+        _write(comm, tmp_path, s, seed=s)
+    newest = tmp_path / "step_00000015"
+    f = newest / "rank_000.pt"
+    if damage == "truncate":
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif damage == "flip":
+        b = bytearray(f.read_bytes())
+        b[len(b) // 2] ^= 0xFF
+        f.write_bytes(bytes(b))
+    elif damage == "no_meta":
+        (newest / "meta.json").unlink()
+    elif damage == "bad_meta":
+        (newest / "meta.json").write_text('{"format": 2, "step": 15, "fil')
+    else:
+        f.unlink()
+    with caplog.at_level(logging.WARNING):
+        path, meta = checkpoint.newest_complete(tmp_path)
+    assert path.name == "step_00000010" and meta["step"] == 10
+    assert any("step_00000015" in r.getMessage() for r in caplog.records)
+    m, o, a = _parts(99)
+    checkpoint.restore(path, 0, m, o, a)
+    assert a.v == 10
+
+
+def test_keep_last_k_and_leftovers_of_a_crash_are_pruned(tmp_path, comm):
+    (tmp_path / "step_00000001").mkdir()  # a write that crashed before its meta.json
+    for s in (2, 4, 6, 8, 10):
+        _write(comm, tmp_path, s, keep=2)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["step_00000010", "step_00000008"]
+    for s in (12, 14):
+        _write(comm, tmp_path, s, keep=0)  # 0 keeps all
+    assert len(checkpoint.candidates(tmp_path)) == 4
+
+
+def test_a_write_interrupted_before_the_manifest_leaves_an_incomplete_checkpoint(tmp_path, comm):
+    _write(comm, tmp_path, 3)
+
+    class Broken:
+        rank, world_size = 0, 1
+
+        def stats_paused(self):
+            return comm.stats_paused()
+
+        def allgather_object(self, obj):
+            raise RuntimeError("peer lost")
+
+    with pytest.raises(RuntimeError):
+        _write(Broken(), tmp_path, 6)
+    assert (tmp_path / "step_00000006" / "rank_000.pt").is_file()
+    assert not (tmp_path / "step_00000006" / "meta.json").exists()
+    assert checkpoint.newest_complete(tmp_path)[0].name == "step_00000003"
+
+
+def test_where_a_run_starts_for_each_resume_setting(tmp_path, comm):
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"))
+    fp = checkpoint.fingerprint(cfg, 2)
+    ck = tmp_path / "ck"
+    _write(comm, ck, 7, fp=fp)
+    assert restart.start_checkpoint(cfg.model_copy(update={"resume": True}), ck, fp).name == "step_00000007"
+    assert restart.start_checkpoint(cfg.model_copy(update={"resume": "auto"}), ck, fp).name == "step_00000007"
+    other = checkpoint.fingerprint(cfg.model_copy(update={"lr": 0.5}), 2)
+    with pytest.raises(ConfigError, match="lr=0.5"):
+        restart.start_checkpoint(cfg.model_copy(update={"resume": True, "lr": 0.5}), ck, other)
+    assert (ck / "step_00000007").is_dir()  # a refused resume deletes nothing
+    assert restart.start_checkpoint(cfg.model_copy(update={"resume": "auto", "lr": 0.5}), ck, other) is None
+    assert not any(ck.iterdir())  # auto with another config's checkpoints: fresh start
+    _write(comm, ck, 7, fp=fp)
+    assert restart.start_checkpoint(cfg, ck, fp) is None and not any(ck.iterdir())  # resume=false: fresh
