@@ -1,6 +1,6 @@
 """Generate ttbar / W+jets / QCD events with Pythia 8, run the particle-level detector model and
 write Delphes-layout ROOT files (tree `Delphes`) plus a sidecar simulation.json (settings, seeds,
-filter efficiencies), as Spark tasks. See README.md (Simulated HEP samples)."""
+filter efficiencies), as Spark tasks. See docs/simulation.md."""
 import sys
 
 from pipeline.cli import run_job

@@ -1,7 +1,8 @@
-"""Train a model data-parallel on the per-worker shards of a manifest: Horovod-on-Spark
-(default), Spark's TorchDistributor, or local processes; AR-SGD, local SGD, post-local SGD,
-hierarchical local SGD or SlowMo. Writes metrics.jsonl, summary.json and model.pt to the
-output directory and checkpoints next to it; prints the final test accuracy."""
+"""Train a model on the per-worker shards of a manifest: Horovod-on-Spark (default), Spark's
+TorchDistributor, or local processes; any registered algorithm (--algorithm.name, parameters in
+--algorithm.params; see docs/training.md and docs/decentralized.md). Writes metrics.jsonl,
+summary.json and model.pt to the output directory and checkpoints next to it; prints the final
+test accuracy."""
 import sys
 
 from pipeline.cli import run_job
