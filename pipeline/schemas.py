@@ -10,7 +10,14 @@ Types: arrow primitive names (``int32``, ``int64``, ``float32``, ``float64``, ``
 ``string``, ``uint8``, ...), ``{"list": T}``, ``{"fixed_size_list": T, "size": N}`` and
 ``{"struct": [{"name": ..., "type": T}, ...]}``.
 ``load_schema`` gives the newest version unless one is asked for; ``validate`` checks a
-dataset's Arrow schema against it and names the first offending column.
+dataset's Arrow schema against it (names, types, nullability, fixed list lengths) and names the
+first offending column.
+
+``schemas/`` in the repository holds only versioned, reviewed contracts and is never written at
+run time. A stage that derives a schema from its input (ROOT ingestion) calls
+:func:`register_schema`, which reuses a reviewed or registered version with the same columns and
+otherwise mints the next version number; the new version is written only to a configured
+*registry directory* (and, by the stage, next to its output as ``_schema.json``).
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import pyarrow as pa
 
 from .errors import BadInputError, ConfigError
 
-SCHEMA_DIR = Path(os.environ.get("PIPELINE_SCHEMAS", Path(__file__).resolve().parents[1] / "schemas"))
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 
 _PRIMITIVES = {
     "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
@@ -116,19 +123,33 @@ def load_schema(name: str, version: Optional[int] = None, schema_dir: Path = SCH
     return DatasetSchema(d["name"], int(d["version"]), d["columns"], d.get("description", ""), d.get("metadata", {}))
 
 
+def _shape(columns: list[dict]) -> list[tuple]:
+    """What makes two column lists the same schema: names, types, nullability (not descriptions)."""
+    return [(c["name"], json.dumps(c["type"], sort_keys=True), bool(c.get("nullable", True))) for c in columns]
+
+
 def register_schema(name: str, schema: pa.Schema, description: str = "", metadata: Optional[dict] = None,
-                    schema_dir: Path = SCHEMA_DIR) -> DatasetSchema:
-    """Store a derived schema as a new version, unless a stored version has exactly these columns
-    (then that version is returned, so alternating inputs do not mint new versions)."""
-    versions = schema_versions(name, schema_dir)
+                    registry_dir: Optional[Path] = None, schema_dir: Path = SCHEMA_DIR) -> DatasetSchema:
+    """The version of a derived schema: a reviewed (``schema_dir``) or registered (``registry_dir``)
+    version with exactly these columns is returned as is, so alternating inputs do not mint new
+    versions; otherwise the next version number is minted and written under ``registry_dir``
+    (nothing is written when it is None: the caller stores the schema next to its output).
+    ``schema_dir`` is only read."""
+    dirs = [Path(schema_dir)] + ([Path(registry_dir)] if registry_dir is not None else [])
+    found = {(v, d) for d in dirs for v in schema_versions(name, d)}
+    versions = sorted({v for v, _ in found})
     candidate = DatasetSchema.from_arrow(name, (versions[-1] + 1) if versions else 1, schema, description, metadata)
-    for v in reversed(versions):
-        existing = load_schema(name, v, schema_dir)
-        if existing.columns == candidate.columns:
+    for v, d in sorted(found, reverse=True):
+        existing = load_schema(name, v, d)
+        if _shape(existing.columns) == _shape(candidate.columns):
             return existing
-    p = Path(schema_dir) / name / f"v{candidate.version}.json"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(candidate.to_json(), indent=2) + "\n")
+    if registry_dir is not None:
+        if Path(registry_dir).resolve() == Path(schema_dir).resolve():
+            raise ConfigError(f"schema registry {registry_dir} is the reviewed schemas folder; "
+                              "derived schemas go to another directory")
+        p = Path(registry_dir) / name / f"v{candidate.version}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(candidate.to_json(), indent=2) + "\n")
     return candidate
 
 
@@ -142,6 +163,9 @@ def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
         return _compatible(actual.value_type, expected.value_type)
     if pa.types.is_fixed_size_list(actual) and pa.types.is_fixed_size_list(expected):
         return actual.list_size == expected.list_size and _compatible(actual.value_type, expected.value_type)
+    # Parquet/Spark store fixed-size lists as plain lists: the length is checked on the values
+    if (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and pa.types.is_fixed_size_list(expected):
+        return _compatible(actual.value_type, expected.value_type)
     if pa.types.is_large_string(actual) and pa.types.is_string(expected):
         return True
     if pa.types.is_struct(actual) and pa.types.is_struct(expected):
@@ -151,7 +175,9 @@ def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 
 def validate(actual: pa.Schema, expected: DatasetSchema, where: str, allow_extra: bool = True) -> None:
-    """Raise BadInputError naming ``where`` and the first missing or mistyped column."""
+    """Raise BadInputError naming ``where`` and the first missing or mistyped column. Nullability
+    and fixed list lengths are properties of the values (Spark declares every column nullable and
+    writes fixed-size lists as plain lists): :func:`validate_data` / :func:`validate_parquet`."""
     exp = expected.to_arrow()
     for f in exp:
         idx = actual.get_field_index(f.name)
@@ -165,6 +191,41 @@ def validate(actual: pa.Schema, expected: DatasetSchema, where: str, allow_extra
         extra = [n for n in actual.names if n not in expected.column_names and not n.startswith("__")]
         if extra:
             raise BadInputError(f"{where}: unexpected column {extra[0]!r} (schema {expected.name} v{expected.version})")
+
+
+def _column_error(col: pa.ChunkedArray, expected: pa.Field) -> Optional[str]:
+    """What in the values of ``col`` breaks ``expected``: a null where none is allowed, or a
+    list whose length differs from a ``fixed_size_list`` size. None when the values comply."""
+    import pyarrow.compute as pc
+
+    if not expected.nullable and col.null_count:
+        return f"has {col.null_count} null value(s) but schema says nullable: false"
+    et = expected.type
+    if pa.types.is_fixed_size_list(et) and not pa.types.is_fixed_size_list(col.type):
+        lengths = pc.list_value_length(col)
+        bad = pc.and_(pc.is_valid(lengths), pc.not_equal(lengths, et.list_size))
+        n_bad = pc.sum(bad).as_py() or 0
+        if n_bad:
+            first = pc.filter(lengths, bad)[0].as_py()
+            return f"has {n_bad} list(s) of length != {et.list_size} (first: {first})"
+    if (pa.types.is_list(et) or pa.types.is_fixed_size_list(et)) and not et.value_field.nullable:
+        values = pc.list_flatten(col)
+        if values.null_count:
+            return f"has {values.null_count} null list element(s) but schema says nullable: false"
+    return None
+
+
+def validate_data(table: pa.Table, expected: DatasetSchema, where: str) -> None:
+    """Check the values of ``table`` against ``expected``: non-nullable columns hold no nulls,
+    ``fixed_size_list`` columns stored as plain lists have exactly the declared length.
+    BadInputError names ``where`` and the first offending column."""
+    for f in expected.to_arrow():
+        if f.name not in table.column_names:
+            raise BadInputError(f"{where}: missing column {f.name!r} required by schema {expected.name} "
+                                f"v{expected.version}")
+        err = _column_error(table.column(f.name), f)
+        if err:
+            raise BadInputError(f"{where}: column {f.name!r} {err} (schema {expected.name} v{expected.version})")
 
 
 def parquet_schema(path: str | os.PathLike) -> pa.Schema:
@@ -182,7 +243,29 @@ def parquet_schema(path: str | os.PathLike) -> pa.Schema:
         raise BadInputError(f"cannot read Parquet at {p}: {str(e).splitlines()[0]}") from None
 
 
-def validate_parquet(path: str | os.PathLike, expected: DatasetSchema) -> pa.Schema:
+def validate_parquet(path: str | os.PathLike, expected: DatasetSchema, check_data: bool = True) -> pa.Schema:
+    """Check a Parquet dataset's schema and (``check_data``) its values against ``expected``:
+    types, nulls in non-nullable columns and fixed list lengths; the values are read one
+    column at a time, only for the columns that carry such a constraint."""
     s = parquet_schema(path)
     validate(s, expected, str(path))
+    if check_data:
+        _validate_parquet_values(path, expected)
     return s
+
+
+def _validate_parquet_values(path: str | os.PathLike, expected: DatasetSchema) -> None:
+    import pyarrow.dataset as ds
+    from .outputs import local_path
+
+    constrained = [f for f in expected.to_arrow() if not f.nullable or pa.types.is_fixed_size_list(f.type)
+                   or ((pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type))
+                       and not f.type.value_field.nullable)]
+    if not constrained:
+        return
+    dataset = ds.dataset(str(local_path(path)), format="parquet", ignore_prefixes=[".", "_"])
+    for f in constrained:
+        for batch in dataset.to_batches(columns=[f.name], batch_size=65536):
+            err = _column_error(pa.chunked_array([batch.column(0)]), f)
+            if err:
+                raise BadInputError(f"{path}: column {f.name!r} {err} (schema {expected.name} v{expected.version})")

@@ -30,7 +30,7 @@ def test_epoch_covers_shard_once_in_seeded_order(shards):
     w = man.workers[0]
     a = _epoch(w.path, epoch_seed(0, w.seed, 0))
     ids = torch.cat([b[2] for b in a]).numpy()
-    expected = {i for a_, b_ in man.raw["workers"][0]["sample_ids"] for i in range(a_, b_ + 1)}
+    expected = {i for a_, b_ in w.sample_ids for i in range(a_, b_ + 1)}
     assert len(ids) == w.rows == len(set(ids.tolist())) and set(ids.tolist()) == expected
     again = torch.cat([b[2] for b in _epoch(w.path, epoch_seed(0, w.seed, 0))]).numpy()
     assert np.array_equal(ids, again)  # same (worker, epoch) -> same order
@@ -111,5 +111,5 @@ def test_manifest_errors_name_file_and_key(tmp_path, shards):
 def test_overlap_epoch_rule(shards):
     man = load_manifest(str(shards))
     assert man.copies == 1 and man.overlap_epochs(5) == 5
-    man.copies = 2
+    man.layout.copies = 2
     assert [man.overlap_epochs(e) for e in (1, 2, 3, 4, 5)] == [1, 1, 2, 2, 3]

@@ -23,8 +23,8 @@ from jobs.shard import main as shard_main
 from pipeline.errors import BadInputError, ConfigError
 from pipeline.outputs import uri
 from pipeline.schemas import load_schema, validate_parquet
-from pipeline.shards.materialize import (MANIFEST_FORMAT, ShardConfig, _spark_hash_long, pack_destinations,
-                                        partition_keys, shard)
+from pipeline.shards.manifest import MANIFEST_FORMAT
+from pipeline.shards.materialize import ShardConfig, pack_destinations, partition_keys, shard
 from pipeline.shards.schemes import assign, expand_ranges, layout_from_manifest
 
 M = 4
@@ -201,17 +201,16 @@ def test_exact_input_types_and_extra_splits_are_kept(spark, tmp_path):
         assert np.array_equal(np.array(img, np.uint8), by_id[s])
 
 
-def test_partition_keys_match_sparks_hash(spark):
-    """The routing relies on Spark's hash: key k of partition p must satisfy pmod(hash(k), P) == p."""
+@pytest.mark.parametrize("n", [1, 5, 16])
+def test_partition_keys_land_in_their_partition(spark, n):
+    """The routing relies on key k of partition p landing in partition p of repartition(n, key)."""
     from pyspark.sql import functions as F
 
-    vals = [0, 1, -1, 7, 2**40 + 3, -(2**63), 2**63 - 1] + partition_keys(5)
-    rows = spark.createDataFrame([(v,) for v in vals], "v long").select("v", F.hash("v").alias("h")).collect()
-    assert [_spark_hash_long(r.v) for r in rows] == [r.h for r in rows]
-    keys = partition_keys(5)
-    got = spark.createDataFrame([(k, p) for p, k in enumerate(keys)], "k long, p int").repartition(5, "k") \
+    keys = partition_keys(spark, n)
+    assert len(set(keys)) == n
+    got = spark.createDataFrame([(k, p) for p, k in enumerate(keys)], "k long, p int").repartition(n, "k") \
         .select("p", F.spark_partition_id().alias("i")).collect()
-    assert sorted((r.p, r.i) for r in got) == [(p, p) for p in range(5)]
+    assert sorted((r.p, r.i) for r in got) == [(p, p) for p in range(n)]
 
 
 def test_pack_destinations_balances_rows():

@@ -17,7 +17,8 @@ How the single pass works:
    sample held by C workers becomes C rows), repartitions into ``write_tasks`` partitions (default:
    Spark's default parallelism) so that every destination lies in exactly one partition (the
    destinations are packed onto the partitions by row count, and the routing table carries a
-   partition key whose Spark hash lands in the chosen partition), sorts each partition by
+   partition key that Spark itself maps to the chosen partition: :func:`partition_keys` asks
+   Spark which ``pmod(hash(k), n)`` each small integer k gets), sorts each partition by
    (dest, order) and hands it to a ``mapInArrow`` writer. Few, large writer tasks matter: each
    Python task costs a fixed overhead, so one task per worker directory would dominate small runs.
 4. The writer casts each Arrow batch back to the input's Arrow schema (Spark would turn e.g.
@@ -26,8 +27,8 @@ How the single pass works:
    ``row_group_rows`` rows (the last one smaller), so Petastorm can shard and batch them.
    It returns one summary row per file written.
 5. The driver checks that every destination received exactly the rows it was routed, removes
-   files of failed task attempts, and writes ``manifest.json`` (format
-   ``hep-pipeline-shards/1``, see the COMMON contract): layout (scheme, workers, copies, the
+   files of failed task attempts, and writes ``manifest.json``
+   (:class:`pipeline.shards.manifest.ShardManifest`): layout (scheme, workers, copies, the
    scheme's parameters, seed), N, row-group size, eval paths and, per worker, its directory,
    files, row count, sample ids as sorted inclusive ranges, shuffle seed and household /
    neighbourhood group.
@@ -50,15 +51,14 @@ from pydantic import Field
 
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
-from ..outputs import atomic_output_dir, local_path, require_exists, uri, write_json
+from ..outputs import atomic_output_dir, local_path, require_exists, uri
 from ..schemas import parquet_schema
 from ..spark import spark_task
+from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, WorkerShard
 from .schemes import SCHEMES, Assignment, Layout, assign, check_sample_count, id_ranges, resolve_layout
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = "hep-pipeline-shards/1"
-MANIFEST_NAME = "manifest.json"
 EVAL_SPLITS = ("test", "val")          # always written (empty when the input has none)
 TRAIN_SPLIT = "train"
 _DEST, _PKEY, _ORDER = "__shard_dest", "__shard_pkey", "__shard_order"
@@ -153,36 +153,21 @@ def _read_keys(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- the Spark pass
-def _spark_hash_long(v: int, seed: int = 42) -> int:
-    """Spark's ``hash(v)`` of a LongType value (Murmur3 x86_32, seed 42), as a signed int32."""
-    m = 0xFFFFFFFF
+def partition_keys(spark, n: int) -> list[int]:
+    """For each p in 0..n-1 a long k with ``pmod(hash(k), n) == p`` as Spark computes it, so that
+    rows with key k land in partition p of ``repartition(n, key)``. One small Spark job over
+    candidate keys 0..8n-1 (extended until every partition has a key)."""
+    from pyspark.sql import functions as F
 
-    def rotl(x, r):
-        return ((x << r) | (x >> (32 - r))) & m
-
-    def mix(h1, k1):
-        k1 = rotl((k1 * 0xCC9E2D51) & m, 15) * 0x1B873593 & m
-        return (rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & m
-
-    v &= 0xFFFFFFFFFFFFFFFF
-    h = mix(mix(seed, v & m), v >> 32) ^ 8
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & m
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & m
-    h ^= h >> 16
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_keys(n: int) -> list[int]:
-    """For each p in 0..n-1 a long k with Spark's ``pmod(hash(k), n) == p``, so that rows with
-    key k land in partition p of ``repartition(n, key)`` (computed here, no Spark job; the tests
-    check the hash against Spark's)."""
     keys: dict[int, int] = {}
-    k = 0
+    start, span = 0, 8 * n
     while len(keys) < n:
-        keys.setdefault(_spark_hash_long(k) % n, k)   # Python's % is pmod for n > 0
-        k += 1
+        rows = (spark.range(start, start + span, 1, 1)
+                .select(F.col("id"), F.pmod(F.hash(F.col("id")), F.lit(n)).alias("p"))
+                .groupBy("p").agg(F.min("id").alias("k")).collect())
+        for r in rows:
+            keys.setdefault(int(r.p), int(r.k))
+        start += span
     return [keys[d] for d in range(n)]
 
 
@@ -345,7 +330,8 @@ def _write_empty(dir_: Path, schema) -> str:
 
 # ----------------------------------------------------------------------------- the stage
 def shard(cfg: ShardConfig, spark=None) -> dict:
-    """Write the layout's worker directories, eval splits and ``manifest.json``; return the manifest."""
+    """Write the layout's worker directories, eval splits and ``manifest.json``; return the manifest
+    (its JSON form)."""
     from ..spark import get_spark
 
     t0 = time.time()
@@ -376,7 +362,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
     expected = np.array([len(m) for m in assignment.members] + [len(v) for v in eval_ids.values()], np.int64)
     tasks = max(1, min(len(dirs), cfg.write_tasks or spark.sparkContext.defaultParallelism))
     part = pack_destinations(expected, tasks)
-    keys = partition_keys(tasks)
+    keys = partition_keys(spark, tasks)
     routing = _routing_table(assignment, train_ids, eval_ids, [keys[p] for p in part])
 
     with atomic_output_dir(out) as tmp:
@@ -406,18 +392,13 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
             if not files[d]:
                 files[d].append(_write_empty(tmp / name, schema))
 
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "source": str(in_path),
-            "layout": layout.to_manifest(),
-            "n_train_samples": N,
-            "row_group_rows": cfg.row_group_rows,
-            "eval": {s: str(out / "eval" / s) for s in eval_names},
-            "workers": [{"worker": i, "path": str(out / dirs[i]), "files": sorted(files[i]),
-                         "rows": int(rows[i]), "sample_ids": id_ranges(train_ids[assignment.members[i]]),
-                         "seed": assignment.seeds[i], "group": assignment.groups[i]} for i in range(M)],
-        }
-        write_json(tmp / MANIFEST_NAME, manifest)
+        manifest = ShardManifest(
+            source=str(in_path), layout=LayoutSpec(**layout.to_manifest()), n_train_samples=N,
+            row_group_rows=cfg.row_group_rows, eval={s: str(out / "eval" / s) for s in eval_names},
+            workers=[WorkerShard(worker=i, path=str(out / dirs[i]), files=sorted(files[i]), rows=int(rows[i]),
+                                 sample_ids=id_ranges(train_ids[assignment.members[i]]),
+                                 seed=assignment.seeds[i], group=assignment.groups[i]) for i in range(M)])
+        manifest.write(tmp / MANIFEST_NAME)
     log.info("shard: wrote %d worker directories + eval (%s) to %s in %.1f s", M, ", ".join(eval_names), out,
              time.time() - t0)
-    return manifest
+    return manifest.model_dump(mode="json")
