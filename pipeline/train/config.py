@@ -6,16 +6,20 @@ worker as JSON (``cfg.model_dump_json()``) whichever launcher runs them.
 Algorithm selection is open-ended: ``algorithm.name`` is looked up in
 ``pipeline.train.algorithms.REGISTRY`` and ``algorithm.params`` is validated against that
 algorithm's own ``Params`` model, so a new algorithm needs a new file plus one registry line
-and no change here.
+and no change here (the ``--help`` text lists the registry).
+
+``debug`` holds switches for tests and fault-injection drills only (never needed by a real
+run): a digest of the parameters after every step, and a simulated crash at a given step.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import StageConfig
 from ..errors import ConfigError
+from .algorithms import names as algorithm_names
 from .stragglers import StragglerConfig
 
 MODELS = ("lenet5", "resnet20", "hlf", "gru", "inclusive")
@@ -25,7 +29,7 @@ class AlgorithmConfig(BaseModel):
     """Which algorithm, with its own parameters (see each module's ``Params``)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field("arsgd", description="arsgd | local_sgd | post_local_sgd | hierarchical | slowmo | ...")
+    name: str = Field("arsgd", description=" | ".join(algorithm_names()))
     params: dict[str, Any] = Field(default_factory=dict, description="parameters of the chosen algorithm")
 
     @model_validator(mode="after")
@@ -50,6 +54,26 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     batchnorm: Literal["average", "local"] = Field("average", description="BatchNorm buffers at averaging: average|local")
     momentum: Literal["local", "average", "reset"] = Field("local", description="optimizer momentum at averaging: local|average|reset")
+
+
+class TrackingConfig(BaseModel):
+    """MLflow tracking of a run (``pipeline.studies.tracking``; off by default for plain training)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(False, description="log params, metrics and the learning curve to MLflow")
+    uri: Optional[str] = Field(None, description="tracking URI (default: file store mlruns/ next to the output)")
+    experiment: Optional[str] = Field(None, description="MLflow experiment (default: train, or the study name)")
+
+
+class DebugConfig(BaseModel):
+    """Test and fault-injection switches (off by default; no real run needs them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
+    fail_at_step: Optional[int] = Field(None, gt=0, description="simulate a crash right after this step")
+    fail_rank: Optional[int] = Field(None, ge=0, description="only this rank crashes (default: every rank)")
+    fail_mode: Literal["raise", "kill"] = Field(
+        "raise", description="raise: RuntimeError in the worker | kill: the worker process is SIGKILLed")
 
 
 class TrainConfig(StageConfig):
@@ -82,16 +106,22 @@ class TrainConfig(StageConfig):
     eval_split: Literal["val", "test"] = Field("val", description="split evaluated during training (test at the end)")
     max_steps: Optional[int] = Field(None, gt=0, description="stop after this many steps (quick runs)")
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
-    resume: bool = Field(False, description="continue from the last checkpoint in checkpoint_dir")
+    resume: Union[bool, Literal["auto"]] = Field(
+        False, description="continue from the newest checkpoint in checkpoint_dir; auto: only when one of the same "
+                           "config exists (else start fresh)")
+    keep_checkpoints: int = Field(3, ge=0, description="keep the newest K checkpoints (0: all)")
+    max_restarts: int = Field(2, ge=0, description="relaunch the workers after a lost worker up to this many times, "
+                                                   "resuming from the newest complete checkpoint")
     threads_per_worker: int = Field(1, gt=0, description="torch intra-op threads per worker process")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda:<local rank> when available")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA when available (the Spark-assigned GPU, else local rank), else cpu")
     progress: bool = Field(True, description="per-epoch progress bar on rank 0")
     tensorboard: bool = Field(False, description="also write TensorBoard scalars to <output>/tb")
-    record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
-    fail_at_step: Optional[int] = Field(None, gt=0, description="testing aid: raise after this step (simulates a crash)")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking (jobs/train.py)")
     start_timeout: int = Field(120, gt=0, description="seconds the launcher waits for workers to start")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig,
-                                        description="simulated slow workers (issue 7; off by default)")
+                                        description="simulated slow workers (off by default)")
+    debug: DebugConfig = Field(default_factory=DebugConfig, description="test and fault-injection switches")
 
     @field_validator("output", "manifest")
     @classmethod

@@ -7,7 +7,8 @@ For M workers with parameter vectors x_1..x_M and their average x_bar,
 (Kong et al. 2021 call it Xi^2). It is 0 right after an exact average (AR-SGD, local SGD at
 an averaging step) and grows between averagings; decentralized methods (SwarmSGD, D-PSGD)
 and elastic averaging keep it small but non-zero. The training loop logs it at every
-evaluation, together with the metrics of the *averaged* model (:func:`averaged_parameters`).
+evaluation, together with the metrics of the *averaged* model (:func:`averaged_parameters`;
+:func:`swapped` evaluates other tensors, e.g. EASGD's centre, the same way).
 
 :func:`consensus_distance` is a collective over the world: every rank calls it at the same
 point and gets the same value (two averaging all-reduces: the mean vector, then the mean
@@ -46,20 +47,28 @@ def consensus_distance_of(vectors: Sequence[np.ndarray | torch.Tensor]) -> float
 
 
 @contextmanager
+def swapped(tensors: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Temporarily copy ``values`` into ``tensors`` (pairwise, as far as both go), restoring them after."""
+    pairs = list(zip(tensors, values))
+    saved = [t.detach().clone() for t, _ in pairs]
+    with torch.no_grad():
+        for t, v in pairs:
+            t.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for (t, _), s in zip(pairs, saved):
+                t.copy_(s)
+
+
+@contextmanager
 def averaged_parameters(tensors: Sequence[torch.Tensor], comm: Communicator) -> Iterator[None]:
     """Temporarily replace ``tensors`` by their world average (collective), restoring them after.
 
     Used to evaluate the averaged model of a decentralized run without disturbing training.
     """
-    saved = [t.detach().clone() for t in tensors]
-    with torch.no_grad():
-        avg = [t.detach().clone() for t in tensors]
-        comm.allreduce_mean_(avg)
-        for t, a in zip(tensors, avg):
-            t.copy_(a)
-    try:
+    avg = [t.detach().clone() for t in tensors]
+    comm.allreduce_mean_(avg)
+    with swapped(tensors, avg):
         yield
-    finally:
-        with torch.no_grad():
-            for t, s in zip(tensors, saved):
-                t.copy_(s)

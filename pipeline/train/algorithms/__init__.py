@@ -8,18 +8,23 @@ implements it. Each such module exposes ``SPECS = {name: Spec(Params, build)}`` 
 ``build(params, ctx) -> Algorithm``. Adding an algorithm = one new file + one line here.
 
 ``BuildContext`` carries what builders may need: the model, base optimizer, communicator,
-the averaging policy (BatchNorm buffers / momentum) and the manifest's per-worker groups.
+the averaging policy (BatchNorm buffers / momentum), the manifest's per-worker groups and the
+run seed (``TrainConfig.seed``; e.g. SwarmSGD's matchings and geometric draws).
+
+This module imports no torch, so the config layer can list the registry cheaply.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
 from ...errors import ConfigError
-from .base import Algorithm  # noqa: F401
+
+if TYPE_CHECKING:
+    from .base import Algorithm
 
 REGISTRY: dict[str, str] = {
     "arsgd": "pipeline.train.algorithms.arsgd",
@@ -27,13 +32,20 @@ REGISTRY: dict[str, str] = {
     "post_local_sgd": "pipeline.train.algorithms.local_sgd",
     "hierarchical": "pipeline.train.algorithms.hierarchical",
     "slowmo": "pipeline.train.algorithms.slowmo",
+    "swarm": "pipeline.train.algorithms.swarm",
+    "dpsgd": "pipeline.train.algorithms.dpsgd",
+    "easgd": "pipeline.train.algorithms.easgd",
+    "timed_local_sgd": "pipeline.train.algorithms.rounds",
+    "adpsgd": "pipeline.train.algorithms.adpsgd",
+    "eawild": "pipeline.train.algorithms.eawild",
+    "async_ps": "pipeline.train.algorithms.async_ps",
 }
 
 
 @dataclass
 class Spec:
     params: type[BaseModel]
-    build: Callable[[Any, "BuildContext"], Algorithm]
+    build: Callable[[Any, "BuildContext"], "Algorithm"]
 
 
 @dataclass
@@ -43,6 +55,7 @@ class BuildContext:
     comm: Any
     policy: Any = None              # pipeline.train.algorithms.averaging.ModelAverager
     groups: list[dict] = field(default_factory=list)  # manifest workers[i]["group"], by rank
+    seed: int = 0                   # the run seed (TrainConfig.seed)
 
 
 def spec(name: str) -> Spec:
@@ -63,13 +76,10 @@ def validate_params(name: str, params: dict) -> BaseModel:
         raise ConfigError(f"invalid config value algorithm.params.{loc}={first.get('input')!r}: {first['msg']}") from None
 
 
-def build_algorithm(name: str, params: dict, ctx: BuildContext) -> Algorithm:
-    return spec(name).build(validate_params(name, params), ctx)
+def names() -> list[str]:
+    """Every registered algorithm name, sorted."""
+    return sorted(REGISTRY)
 
-# issue 7: decentralized and elastic algorithms (swarm.py, dpsgd.py, easgd.py, rounds.py)
-REGISTRY.update({
-    "swarm": "pipeline.train.algorithms.swarm",
-    "dpsgd": "pipeline.train.algorithms.dpsgd",
-    "easgd": "pipeline.train.algorithms.easgd",
-    "timed_local_sgd": "pipeline.train.algorithms.rounds",
-})
+
+def build_algorithm(name: str, params: dict, ctx: BuildContext) -> "Algorithm":
+    return spec(name).build(validate_params(name, params), ctx)

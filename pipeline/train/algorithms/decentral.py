@@ -94,12 +94,16 @@ class LocalSteps:
 
 
 class ParamsOnly:
-    """Averaging policy stand-in when no ModelAverager is given: parameters only, momentum local."""
+    """Averaging policy when no ModelAverager is given: parameters only, momentum local."""
 
     momentum = "local"
 
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], comm) -> None:
         self.params = list(params)
+        self.comm = comm
+
+    def average_(self, group=None) -> None:
+        self.comm.allreduce_mean_(self.tensors(), group)
 
     def tensors(self) -> list[torch.Tensor]:
         return [p.data for p in self.params]

@@ -92,7 +92,7 @@ class DPSGD(Algorithm):
         self.order = order
         self.uniform = bool(uniform_allreduce) and np.allclose(self.W, 1.0 / n)
         self.rounds = self.graph.exchange_rounds()
-        self.averager = averager if averager is not None else ParamsOnly(self.params)
+        self.averager = averager if averager is not None else ParamsOnly(self.params, comm)
 
     def mix(self) -> None:
         """x_i <- sum_j W[i, j] x_j over the worker's neighbours (collective over the world)."""

@@ -16,11 +16,21 @@ as in the paper (alpha = eta * rho). The paper's recommended beta = 0.9 is the d
 Every worker holds an identical copy of x~ (it is updated from the same all-reduced x_bar),
 so no parameter server is needed: one all-reduce of the flat parameter vector per elastic
 step. x~ is initialised, at the first step, to the world average of the initial parameters.
-The centre is the model to evaluate (:meth:`EASGD.evaluation_tensors`).
+
+What the training run evaluates is a choice (``evaluate``):
+
+* ``average`` (default): the world average of the workers' parameters, as for every other
+  algorithm that leaves the workers apart;
+* ``center``: the centre variable x~ (the paper's output model), identical on every rank, so
+  evaluating it needs no communication (:meth:`EASGD.evaluation_tensors`); the final model
+  is then the centre.
+
+With ``average`` the centre is also scored on the test split at the end
+(``centre_test_accuracy`` in the summary, :meth:`EASGD.extra_evaluations`).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,6 +49,8 @@ class EASGDParams(BaseModel):
     alpha: Optional[float] = Field(None, gt=0, lt=1, description="moving rate of the workers (default beta / M)")
     rho: Optional[float] = Field(None, gt=0, description="elastic coefficient: alpha = lr * rho (instead of alpha)")
     beta: Optional[float] = Field(None, gt=0, le=1, description="moving rate of the centre (default 0.9, or M*alpha)")
+    evaluate: Literal["average", "center"] = Field(
+        "average", description="model evaluated during and after training: average of the workers | center")
 
     @model_validator(mode="after")
     def _check(self):
@@ -53,12 +65,15 @@ class EASGD(Algorithm):
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                  comm: Communicator, *, tau: int = 4, alpha: Optional[float] = None, rho: Optional[float] = None,
-                 beta: Optional[float] = None, averager=None) -> None:
+                 beta: Optional[float] = None, averager=None, evaluate: str = "average") -> None:
         super().__init__(params, optimizer, comm)
         if tau < 1:
             raise ValueError(f"tau={tau}: need >= 1")
         if alpha is not None and rho is not None:
             raise ValueError("give alpha or rho, not both")
+        if evaluate not in ("average", "center"):
+            raise ValueError(f"evaluate={evaluate!r}: expected average|center")
+        self.evaluate = evaluate
         m = comm.world_size
         self.tau = int(tau)
         self.rho = rho
@@ -67,7 +82,7 @@ class EASGD(Algorithm):
             alpha = beta / m
         self._alpha = alpha
         self._beta = beta
-        self.averager = averager if averager is not None else ParamsOnly(self.params)
+        self.averager = averager if averager is not None else ParamsOnly(self.params, comm)
         self.centre: Optional[torch.Tensor] = None
 
     @property
@@ -103,13 +118,22 @@ class EASGD(Algorithm):
         unflatten_into(x, tensors)
         reset_momentum_if_asked(self.averager)
 
-    def evaluation_tensors(self) -> list[torch.Tensor]:
-        """The centre variable, shaped like the exchanged tensors (the model to evaluate)."""
+    def evaluation_tensors(self) -> Optional[list[torch.Tensor]]:
+        """``evaluate=center``: the centre, shaped like ``averager.tensors()``; else None (the average)."""
+        return self.centre_tensors() if self.evaluate == "center" else None
+
+    def extra_evaluations(self) -> dict[str, list[torch.Tensor]]:
+        return {"centre": self.centre_tensors()} if self.evaluate == "average" else {}
+
+    def centre_tensors(self) -> list[torch.Tensor]:
+        """The centre, shaped like ``averager.tensors()`` (as far as the centre covers them)."""
         tensors = self.averager.tensors()
-        if self.centre is None:
+        if self.centre is None:  # before the first step every rank holds rank 0's broadcast weights
             return [t.detach().clone() for t in tensors]
         out, o = [], 0
-        for t in tensors:
+        for t in tensors:  # the centre may not cover momentum state that appeared after its last reset
+            if o + t.numel() > self.centre.numel():
+                break
             out.append(self.centre[o:o + t.numel()].view_as(t).clone())
             o += t.numel()
         return out
@@ -125,7 +149,7 @@ class EASGD(Algorithm):
 
 def build(params: EASGDParams, ctx: BuildContext) -> EASGD:
     return EASGD(ctx.model.parameters(), ctx.optimizer, ctx.comm, tau=params.tau, alpha=params.alpha,
-                 rho=params.rho, beta=params.beta, averager=ctx.policy)
+                 rho=params.rho, beta=params.beta, averager=ctx.policy, evaluate=params.evaluate)
 
 
 SPECS = {"easgd": Spec(EASGDParams, build)}

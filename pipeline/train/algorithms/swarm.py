@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..comm.base import Communicator
 from ..topology import make_graph
 from . import BuildContext, Spec
-from .base import Algorithm
-from .decentral import ParamsOnly, reset_momentum_if_asked, LocalSteps, flatten, unflatten_into
+from .base import RoundAlgorithm
+from .decentral import LocalSteps, ParamsOnly, flatten, reset_momentum_if_asked, unflatten_into
 
 
 class SwarmParams(BaseModel):
@@ -53,7 +53,7 @@ class SwarmParams(BaseModel):
     topology: Literal["complete", "ring", "regular"] = Field("complete", description="graph of possible partners")
     degree: Optional[int] = Field(None, ge=1, description="degree r of the regular topology")
     weighting: Literal["equal", "steps"] = Field("equal", description="equal: 1/2 each | steps: by local steps taken")
-    seed: Optional[int] = Field(None, description="matching seed (default: the run seed)")
+    seed: Optional[int] = Field(None, description="seed of matchings and geometric draws (default: the run seed)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -64,7 +64,7 @@ class SwarmParams(BaseModel):
         return self
 
 
-class SwarmSGD(Algorithm):
+class SwarmSGD(RoundAlgorithm):
     name = "swarm"
     Params = SwarmParams
 
@@ -78,7 +78,7 @@ class SwarmSGD(Algorithm):
         self.graph = make_graph(topology, comm.world_size, degree)
         self.seed = int(seed)
         self.weighting = weighting
-        self.averager = averager if averager is not None else ParamsOnly(self.params)
+        self.averager = averager if averager is not None else ParamsOnly(self.params, comm)
         self.local = LocalSteps(schedule, local_steps, round_seconds, seed=self.seed, rank=comm.rank)
         self.nominal_steps_per_round = int(local_steps)
         self.rounds_done = 0
@@ -142,7 +142,7 @@ class SwarmSGD(Algorithm):
 
 
 def build(params: SwarmParams, ctx: BuildContext) -> SwarmSGD:
-    seed = params.seed if params.seed is not None else int(getattr(ctx, "seed", 0) or 0)
+    seed = params.seed if params.seed is not None else ctx.seed
     return SwarmSGD(ctx.model.parameters(), ctx.optimizer, ctx.comm, local_steps=params.local_steps,
                     schedule=params.schedule, round_seconds=params.round_seconds, topology=params.topology,
                     degree=params.degree, weighting=params.weighting, seed=seed, averager=ctx.policy)

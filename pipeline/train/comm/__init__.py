@@ -1,12 +1,16 @@
 """Communication layer: one interface (base.Communicator), several backends.
 
-``make_communicator("horovod" | "torch" | "local")`` builds the backend a launcher asks for;
-backend modules are imported lazily so that using one never imports the others.
+``make_communicator("horovod" | "torch" | "local", device_kind=...)`` builds the backend a
+launcher asks for; backend modules are imported lazily so that using one never imports the
+others. ``device.py`` resolves a worker's device and the torch.distributed backend that
+follows from it; ``ports.py`` finds a free rendezvous port.
 """
 from .base import Communicator, CommStats, Group  # noqa: F401
 
 
-def make_communicator(kind: str, bucket_bytes: int = 4 << 20) -> Communicator:
+def make_communicator(kind: str, bucket_bytes: int = 4 << 20, device_kind: str = "cpu") -> Communicator:
+    """The ``kind`` backend; ``device_kind`` (cpu | cuda, see ``device.py``) picks torch.distributed's
+    gloo or NCCL (Horovod stages CUDA tensors itself when its build is CPU-only)."""
     if kind == "horovod":
         from .horovod import HorovodCommunicator
 
@@ -14,7 +18,7 @@ def make_communicator(kind: str, bucket_bytes: int = 4 << 20) -> Communicator:
     if kind == "torch":
         from .torch_dist import TorchDistCommunicator
 
-        return TorchDistCommunicator(bucket_bytes=bucket_bytes)
+        return TorchDistCommunicator(bucket_bytes=bucket_bytes, device_kind=device_kind)
     if kind == "local":
         from .local import LocalCommunicator
 

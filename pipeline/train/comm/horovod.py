@@ -2,6 +2,11 @@
 
 * ``allreduce_mean_``: tensors are fused into flat buckets (``fusion.py``) and the buckets
   are reduced with ONE ``grouped_allreduce_`` (op=Average) on the group's process set.
+  ``broadcast_`` uses the same buckets (one broadcast per bucket).
+* A CPU-only Horovod build cannot read CUDA memory: CUDA tensors are then staged through
+  host memory, ONE pinned, reused host buffer per fused bucket (``fusion.HostStaging``).
+  A CUDA build of Horovod (``HOROVOD_GPU_OPERATIONS=NCCL pip install horovod``) reduces the
+  device buckets directly and no staging happens.
 * Groups are Horovod *dynamic* process sets (``HOROVOD_DYNAMIC_PROCESS_SETS=1`` is set before
   ``hvd.init``); the world group is the global process set; asking twice for the same ranks
   returns the cached set.
@@ -18,7 +23,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .base import Communicator, Group, nbytes
-from .fusion import make_buckets
+from .fusion import Bucket, HostStaging, make_buckets
 
 
 class HorovodCommunicator(Communicator):
@@ -32,8 +37,7 @@ class HorovodCommunicator(Communicator):
         self.hvd = hvd
         hvd.init(process_sets="dynamic")
         self.bucket_bytes = int(bucket_bytes)
-        # a CPU-only Horovod build cannot reduce CUDA tensors: stage them through host memory
-        self._stage = torch.cuda.is_available() and not hvd.cuda_built()
+        self.staging = HostStaging(pin=True) if torch.cuda.is_available() and not hvd.cuda_built() else None
         self._sets: dict[tuple[int, ...], Any] = {}
 
     @property
@@ -66,25 +70,21 @@ class HorovodCommunicator(Communicator):
         tensors = list(tensors)
         if not tensors or (group is not None and group.size == 1):
             return  # nothing to average: no collective, no traffic
-        buckets = make_buckets(tensors, self.bucket_bytes)
-        flats = [b.flat.cpu() if self._stage else b.flat for b in buckets]
+        buckets = make_buckets(tensors, self.bucket_bytes, self.staging)
         with self._timed(nbytes(tensors)):
-            self.hvd.grouped_allreduce_(flats, op=self.hvd.Average, process_set=self._pset(group))
-        for b, f in zip(buckets, flats):
-            if f is not b.flat:
-                b.flat.copy_(f)
+            self.hvd.grouped_allreduce_([b.flat for b in buckets], op=self.hvd.Average, process_set=self._pset(group))
+        for b in buckets:
             b.unpack_()
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         tensors = list(tensors)
-        host = [t.data.cpu() if self._stage and t.is_cuda else t.data for t in tensors]
+        buckets = make_buckets(tensors, self.bucket_bytes, self.staging)
         with self._timed(nbytes(tensors) if self.rank == root else 0):
-            handles = [self.hvd.broadcast_async_(t, root_rank=root) for t in host]
+            handles = [self.hvd.broadcast_async_(b.flat, root_rank=root) for b in buckets]
             for h in handles:
                 self.hvd.synchronize(h)
-        for t, h in zip(tensors, host):
-            if h is not t.data:
-                t.data.copy_(h)
+        for b in buckets:
+            b.unpack_()
 
     def exchange(self, tensors: Sequence[torch.Tensor], partner: Optional[int]) -> Optional[list[torch.Tensor]]:
         tensors = list(tensors)
@@ -97,10 +97,8 @@ class HorovodCommunicator(Communicator):
         sent = nbytes(tensors) if partner is not None else 0
         with self._timed(sent):
             for dtype, idx in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):
-                flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
-                dev = flat.device
-                if self._stage:
-                    flat = flat.cpu()
+                dev = tensors[idx[0]].device
+                flat = Bucket([tensors[i] for i in idx], self.staging, ("exchange", dtype)).flat
                 splits = torch.zeros(self.world_size, dtype=torch.int32)
                 if partner is not None:
                     splits[partner] = flat.numel()

@@ -1,4 +1,4 @@
-"""torch.distributed backend (gloo on CPU, NCCL on GPU).
+"""torch.distributed backend (gloo for CPU tensors, NCCL for CUDA tensors).
 
 * ``allreduce_mean_``: fused flat buckets, one async ``all_reduce(SUM)`` per bucket on the
   group's ProcessGroup, then divided by the group size (gloo has no AVG op).
@@ -7,6 +7,8 @@
 * ``exchange``: ``batch_isend_irecv`` with exactly the two partners involved
   (``collective_exchange = False``: other ranks need not call it).
 
+The backend follows the worker's resolved device (``device_kind``, see ``device.py``), never
+whether CUDA is merely visible: a ``device=cpu`` run on a GPU host uses gloo end to end.
 The process group is initialised from the environment (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``) that torchrun / TorchDistributor / the local launcher set.
 """
@@ -20,20 +22,20 @@ import torch
 import torch.distributed as dist
 
 from .base import Communicator, Group, nbytes
+from .device import DeviceKind, torch_backend
 from .fusion import make_buckets
 
 
 class TorchDistCommunicator(Communicator):
     collective_exchange = False
 
-    def __init__(self, bucket_bytes: int = 4 << 20, backend: Optional[str] = None, timeout_s: int = 600) -> None:
+    def __init__(self, bucket_bytes: int = 4 << 20, device_kind: DeviceKind = "cpu", timeout_s: int = 600) -> None:
         super().__init__()
         self.bucket_bytes = int(bucket_bytes)
+        self.backend = torch_backend(device_kind)
         if not dist.is_initialized():
-            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend=self.backend, timeout=timedelta(seconds=timeout_s))
         self._groups: dict[tuple[int, ...], Any] = {}
-        self.device = torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
 
     @property
     def rank(self) -> int:
