@@ -10,7 +10,8 @@ paths a user has (a scheduled DAG run and a hand-typed ``spark-submit``) run the
 
 Design points:
 
-* **Settings** come from ``configs/dag_<name>.yaml`` (read once at parse time, with PyYAML):
+* **Settings** come from ``configs/dag_<name>.yaml`` (read once at parse time into the typed
+  models of :mod:`pipeline.dag_settings`; a bad key or value fails the DAG's import naming both):
   the schedule, the Spark connection id, retries and back-off of the ingestion tasks, extra
   ``--conf`` per task (GPU resources for training, for example) and the defaults of the DAG
   params. ``PIPELINE_DAG_CONFIG_DIR`` points at another folder of YAML files (job configs
@@ -34,11 +35,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-import yaml
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 #: the repository root (this file lives in ``<repo>/airflow_dags/``)
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from pipeline.dag_settings import DagSettingsBase, load_dag_settings  # noqa: E402 - pydantic + PyYAML only
 
 #: a Jinja expression naming the run: the logical date, else the run id (manual runs of
 #: Airflow 3 may have no logical date); only characters that are safe in a path.
@@ -49,17 +52,6 @@ RUN_KEY = ("{{ ts_nodash if (logical_date is defined and logical_date) "
 def config_dir() -> Path:
     """Folder holding ``dag_*.yaml`` and the jobs' configs (``PIPELINE_DAG_CONFIG_DIR``)."""
     return Path(os.environ.get("PIPELINE_DAG_CONFIG_DIR") or REPO / "configs").resolve()
-
-
-def load_dag_settings(name: str) -> dict:
-    """The mapping in ``<config dir>/dag_<name>.yaml`` ({} when the file is missing)."""
-    path = config_dir() / f"dag_{name}.yaml"
-    if not path.is_file():
-        return {}
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    return data
 
 
 def repo_path(p: str | os.PathLike) -> str:
@@ -83,23 +75,23 @@ class DagSettings:
     """The parse-time settings of one DAG (``configs/dag_<name>.yaml``) with their defaults."""
 
     def __init__(self, name: str, dag_id: str):
-        raw = load_dag_settings(name)
-        self.raw = raw
+        model: DagSettingsBase = load_dag_settings(name, config_dir() / f"dag_{name}.yaml")
+        self.model = model
         self.dag_id = dag_id
-        self.schedule = raw.get("schedule", "@daily")
-        self.start_date = str(raw.get("start_date", "2026-01-01"))
-        self.conn_id = os.environ.get("PIPELINE_SPARK_CONN_ID") or raw.get("conn_id", "spark_default")
-        self.python = raw.get("python") or sys.executable
-        retry = raw.get("ingest_retries", {}) or {}
-        self.retries = int(retry.get("retries", 3))
-        self.retry_delay = timedelta(seconds=float(retry.get("delay_s", 60)))
-        self.retry_backoff = float(retry.get("backoff", 2.0))
-        self.max_retry_delay = timedelta(seconds=float(retry.get("max_delay_s", 1800)))
+        self.schedule = model.schedule
+        self.start_date = model.start_date
+        self.conn_id = os.environ.get("PIPELINE_SPARK_CONN_ID") or model.conn_id
+        self.python = model.python or sys.executable
+        retry = model.ingest_retries
+        self.retries = retry.retries
+        self.retry_delay = timedelta(seconds=retry.delay_s)
+        self.retry_backoff = retry.backoff
+        self.max_retry_delay = timedelta(seconds=retry.max_delay_s)
         self.spark_conf: dict[str, dict[str, str]] = {
-            str(k): {str(a): str(b) for a, b in (v or {}).items()} for k, v in (raw.get("spark_conf") or {}).items()}
-        self.params: dict[str, Any] = dict(raw.get("params") or {})
-        if "output_root" in self.params:
-            self.params["output_root"] = repo_path(self.params["output_root"])
+            k: {a: str(b).lower() if isinstance(b, bool) else str(b) for a, b in v.items()}
+            for k, v in model.spark_conf.items()}
+        self.params: dict[str, Any] = model.params.model_dump()
+        self.params["output_root"] = repo_path(self.params["output_root"])
 
     def dag_kwargs(self) -> dict:
         """The scheduling keywords every pipeline DAG shares: the schedule and start date from
