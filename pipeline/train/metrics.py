@@ -44,14 +44,13 @@ def summarize(probs: np.ndarray, labels: np.ndarray, loss_sum: float) -> dict:
 
 
 def wire_bytes_written() -> Optional[int]:
-    """Bytes written by this process through write/send system calls (Linux), else None."""
+    """Bytes written by this process through write/send system calls (Linux ``wchar``), else None."""
+    import psutil
+
     try:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("wchar:"):
-                return int(line.split()[1])
-    except OSError:
+        return int(psutil.Process().io_counters().write_chars)
+    except (AttributeError, NotImplementedError, psutil.Error, OSError):
         return None
-    return None
 
 
 class MetricsWriter:
