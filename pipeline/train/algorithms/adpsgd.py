@@ -1,0 +1,214 @@
+"""AD-PSGD (Lian et al. 2018): asynchronous decentralized SGD, wait-free for the computation.
+
+In every worker two threads share the model. The **computation thread** (the training loop)
+computes a gradient on the model as it is and applies it with the base optimizer to the
+model as it is then (the other thread may have averaged it meanwhile). The **communication
+thread** repeatedly averages the model with one peer::
+
+    x_i, x_j  <-  (x_i + x_j) / 2            atomically for the pair
+
+Deadlock avoidance -- the active/passive bipartition of the reference implementation: even
+ranks are ACTIVE, odd ranks PASSIVE (M = 2: 0 active, 1 passive; M = 3: 0, 2 active, 1
+passive). Only an active worker starts an averaging, with a passive peer chosen uniformly at
+random; a passive worker serves one request at a time. Every worker is in at most one
+averaging at a time (its communication thread does one thing at a time), an active waits only
+for passives and a passive only for the active it is serving, so there is no cycle of waits.
+
+One averaging, active i with passive j (one flat vector each way, on :class:`~..comm.p2p.P2PChannel`)::
+
+    i: under its model lock, s_i = copy(x_i);  send REQ + s_i to j
+    j: receive s_i; under its lock: s_j = copy(x_j); x_j += (s_i - s_j) / 2;  send s_j to i
+    i: receive s_j; under its lock: x_i += (s_j - s_i) / 2
+
+The two increments are exact negatives, so the pair's sum (and the global mean) is preserved
+even when a gradient step lands on x_i during the exchange (that step is kept, not
+overwritten). **Staleness** of an averaging: the gradient steps applied to x_i between the
+copy s_i (the pull) and the update. Passive updates are immediate (staleness 0).
+
+Rounds and leaving: see :mod:`.async_common`. At a round end an active finishes its exchange
+and sends END to every passive; a passive serves until it heard END (or LEAVE) from every
+active. A worker that stops for good (:meth:`PairAveraging.leave`): an active sends LEAVE and
+stops; a passive keeps answering requests from its thread, without round gating, until every
+active has left (its own computation has stopped, so nobody waits for it).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..comm.p2p import END, LEAVE, REQ, P2PChannel, PeerError
+from . import BuildContext, Spec
+from .async_common import AsyncAlgorithm, AsyncParams, AsyncStats, add_flat_, exchanged_tensors, flat_copy
+
+
+class PairAveraging:
+    """The communication thread of AD-PSGD over ``tensors`` (guarded by ``lock``)."""
+
+    def __init__(self, channel: P2PChannel, tensors: list[torch.Tensor], lock: threading.Lock,
+                 stats: Optional[AsyncStats] = None, *, seed: int = 0, delay_s: float = 0.0,
+                 grad_steps: Callable[[], int] = lambda: 0) -> None:
+        self.ch, self.tensors, self.lock = channel, tensors, lock
+        self.stats = stats or AsyncStats()
+        self.rank, self.world = channel.rank, channel.world_size
+        self.actives = list(range(0, self.world, 2))
+        self.passives = list(range(1, self.world, 2))
+        self.active = self.rank % 2 == 0
+        self.rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, self.rank])
+        self.delay_s = float(delay_s)
+        self.grad_steps = grad_steps
+        self.round = 0
+        self.error: Optional[BaseException] = None
+        self._go, self._stop, self._done = threading.Event(), threading.Event(), threading.Event()
+        self._leaving = False
+        self._numel = sum(t.numel() for t in tensors)
+        self._dtype = tensors[0].dtype
+        self.thread = threading.Thread(target=self._main, daemon=True, name=f"adpsgd-comm-{self.rank}")
+        self.thread.start()
+
+    # ------------------------------------------------------------------ main-thread API
+    def check(self) -> None:
+        if self.error is not None:
+            raise PeerError(str(self.error)) from self.error
+
+    def begin_round(self) -> None:
+        self.check()
+        self._done.clear()
+        self._stop.clear()
+        self._go.set()
+
+    def end_round(self, timeout_s: float) -> None:
+        self._stop.set()
+        if not self._done.wait(timeout_s):
+            self.check()
+            raise PeerError(f"rank {self.rank}: round {self.round} of AD-PSGD did not end within {timeout_s:.0f} s "
+                            "(a peer stopped without leaving)")
+        self.check()
+        self.round += 1
+
+    def leave(self, timeout_s: Optional[float] = None) -> None:
+        """Stop for good; a passive returns once every active has left (see module docstring)."""
+        self._leaving = True
+        self._stop.set()
+        self._go.set()
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise PeerError(f"rank {self.rank}: AD-PSGD peers did not leave within {timeout_s:.0f} s")
+        self.check()
+
+    # ------------------------------------------------------------------ communication thread
+    def _main(self) -> None:
+        try:
+            if self.world > 1:
+                self._run_active() if self.active else self._run_passive()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            self.error = e
+        finally:
+            self._done.set()
+
+    def _run_active(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            while not self._stop.is_set():
+                self._exchange(int(self.rng.choice(self.passives)))
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+            kind = LEAVE if self._leaving else END
+            for j in self.passives:
+                self.ch.send_header(j, kind, self.round)
+            self._done.set()
+            if kind == LEAVE:
+                return
+
+    def _run_passive(self) -> None:
+        left: set[int] = set()
+        while len(left) < len(self.actives):
+            if not self._leaving:
+                self._go.wait()
+                self._go.clear()
+            ended = set(left)
+            while len(ended) < len(self.actives):
+                src, kind, _, _, _ = self.ch.recv_header(None)
+                if kind == REQ:
+                    self._serve(src)
+                elif kind in (END, LEAVE):
+                    ended.add(src)
+                    if kind == LEAVE:
+                        left.add(src)
+                else:
+                    raise PeerError(f"rank {self.rank}: unexpected message kind {kind} from rank {src}")
+            self._done.set()
+
+    def _exchange(self, j: int) -> None:
+        with self.lock:
+            mine = flat_copy(self.tensors)
+            g0 = self.grad_steps()
+        self.ch.send_header(j, REQ, self.round)
+        self.ch.send(mine, j)
+        theirs = torch.empty(self._numel, dtype=self._dtype)
+        self.ch.recv(theirs, j)
+        with self.lock:
+            add_flat_(self.tensors, theirs - mine, 0.5)
+            stale = self.grad_steps() - g0
+        self.stats.add_exchange()
+        self.stats.add_staleness(stale)
+
+    def _serve(self, src: int) -> None:
+        theirs = torch.empty(self._numel, dtype=self._dtype)
+        self.ch.recv(theirs, src)
+        with self.lock:
+            mine = flat_copy(self.tensors)
+            add_flat_(self.tensors, theirs - mine, 0.5)
+        self.ch.send(mine, src)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.stats.add_exchange()
+        self.stats.add_staleness(0)
+
+
+class ADPSGDParams(AsyncParams):
+    """``algorithm.params`` of ``adpsgd``."""
+
+
+class ADPSGD(AsyncAlgorithm):
+    name = "adpsgd"
+
+    def __init__(self, params, optimizer, comm, averager=None, *, seed: int = 0, **kw) -> None:
+        super().__init__(params, optimizer, comm, **kw)
+        self.tensors = exchanged_tensors(self.params, averager)
+        self.core: Optional[PairAveraging] = None
+        if comm.world_size > 1:
+            self.channel = P2PChannel(self.timeout_s)
+            self.core = PairAveraging(self.channel, self.tensors, self.lock, self.stats, seed=seed,
+                                      grad_steps=lambda: self.stats.grad_steps)
+
+    def local_step(self) -> None:
+        if self.core is not None:
+            self.core.check()
+        with self.lock:
+            self.optimizer.step()
+
+    def begin_comm_round(self) -> None:
+        if self.core is not None:
+            self.core.begin_round()
+
+    def end_comm_round(self) -> None:
+        if self.core is not None:
+            self.core.end_round(self.timeout_s)
+
+    def leave(self, timeout_s: Optional[float]) -> None:
+        if self.core is not None:
+            self.core.leave(timeout_s)
+
+
+def build(params: ADPSGDParams, ctx: BuildContext) -> ADPSGD:
+    return ADPSGD(ctx.model.parameters(), ctx.optimizer, ctx.comm, ctx.policy,
+                  seed=params.seed if params.seed is not None else ctx.seed, round_steps=params.round_steps,
+                  round_seconds=params.round_seconds, timeout_s=params.timeout_s)
+
+
+SPECS = {"adpsgd": Spec(ADPSGDParams, build)}

@@ -1,0 +1,95 @@
+"""Asynchronous parameter-server SGD (Downpour-style; Dean et al. 2012), the baseline of EA-wild.
+
+The model lives on the holder, rank 0 (:class:`.eawild.CentreHolder`). Every local step,
+worker j pushes its gradient ``g_j`` (computed on the model it pulled last) with its current
+learning rate; the holder applies it at once with its own instance of the base optimizer
+(same kind and hyper-parameters: Adam or SGD with momentum), one push after the other, and
+replies with the updated model, which the worker copies into its parameters: that is its
+next pull. No worker waits for another, only for the holder's reply. **Staleness** = the
+updates of other workers applied between a worker's pull and its push.
+
+At every round end the holder's model is broadcast to all workers (a collective at a
+quiesced round boundary, see :mod:`.async_common`), so the workers are in sync there and the
+evaluated model is the server's.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import BuildContext, Spec
+from .async_common import AsyncParams, copy_flat_, flat_copy
+from .eawild import CentreAlgorithm
+
+
+class AsyncPSParams(AsyncParams):
+    """``algorithm.params`` of ``async_ps``."""
+
+
+class ServerOptimizer:
+    """rule(c, payload=[g, lr]): one step of the base optimizer's kind on the flat model c."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.kind = type(optimizer)
+        self.defaults = {k: v for k, v in optimizer.defaults.items() if k != "params"}
+        self.param = None
+        self.opt = None
+
+    def __call__(self, c: torch.Tensor, payload: torch.Tensor) -> None:
+        if self.param is None or self.param.data.data_ptr() != c.data_ptr():
+            self.param = torch.nn.Parameter(c, requires_grad=True)  # shares c's storage
+            self.opt = self.kind([self.param], **self.defaults)
+        self.opt.param_groups[0]["lr"] = float(payload[-1])
+        self.param.grad = payload[:-1].to(c.dtype).clone()
+        self.opt.step()
+
+
+class AsyncPS(CentreAlgorithm):
+    name = "async_ps"
+
+    def __init__(self, params, optimizer, comm, averager=None, **kw) -> None:
+        super().__init__(params, optimizer, comm, averager, **kw)
+        self.rule = ServerOptimizer(optimizer)
+        self.grad_params = [p for p in self.params]
+        self.tensors = [p.data for p in self.grad_params]  # the server holds the parameters only
+        self.numel = sum(t.numel() for t in self.tensors)
+
+    def begin_comm_round(self) -> None:
+        first = self.link is None
+        super().begin_comm_round()
+        if not first and self.holder is not None:  # SlowMo's outer step (if any) moved the synced model
+            with self.holder.mutex:
+                self.holder.c.copy_(flat_copy(self.tensors))
+
+    def local_step(self) -> None:
+        if self.comm.world_size == 1:
+            with self.lock:
+                self.optimizer.step()
+            return
+        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to("cpu")
+                       for p in self.grad_params])
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        payload = torch.cat([g.to(self.dtype), torch.tensor([lr], dtype=self.dtype)])
+        t0 = time.perf_counter()
+        c = self.link.push(payload)
+        self.stats.add_idle(time.perf_counter() - t0)
+        with self.lock:
+            copy_flat_(self.grad_params, c)
+
+    def end_comm_round(self) -> None:
+        super().end_comm_round()
+        c = self.centre_flat()  # collective: every worker takes the server's model
+        with self.lock:
+            copy_flat_(self.grad_params, c)
+
+    def in_sync(self) -> bool:
+        return self.comm.world_size == 1 or (self.round_finished and self.steps_in_round == 0)
+
+
+def build(params: AsyncPSParams, ctx: BuildContext) -> AsyncPS:
+    return AsyncPS(ctx.model.parameters(), ctx.optimizer, ctx.comm, ctx.policy, round_steps=params.round_steps,
+                   round_seconds=params.round_seconds, timeout_s=params.timeout_s)
+
+
+SPECS = {"async_ps": Spec(AsyncPSParams, build)}

@@ -1,0 +1,362 @@
+"""EA-wild (Wongpanich et al. 2020, Algorithm 1): asynchronous elastic averaging, lock-free centre.
+
+A centre variable ``c`` lives on the holder, rank 0 (a thread of its process serves the other
+workers; rank 0's own training thread reaches it in memory). Every ``tau`` local steps worker
+j does, with ``alpha = lr * rho`` (or a fixed ``alpha``)::
+
+    x_j <- x_j - alpha * (x_j - c_j)          c_j: the centre it pulled
+    push x_j;  holder, on arrival:  c <- c + alpha * (x_j - c);  reply c  (the next pull)
+
+(the gradient part ``x_j <- x_j - lr * g_j`` is the base optimizer's step). The holder applies
+arrivals one after the other **without a lock between a worker's pull and its push**: other
+workers' pushes may land in between (staleness = centre updates between the pull and the
+push). ``lock=True`` is the locked asynchronous EASGD of Zhang et al. 2015 that EA-wild
+improves on: the pull, the elastic update and the push are one critical section on the
+holder (ACQUIRE -> c, PUSH -> release), so every worker sees the newest centre and the result
+equals the sequential EASGD updates in the holder's grant order (``CentreHolder.order``); the
+waiting it costs is measured (idle fraction).
+
+The holder logic (:class:`CentreHolder`, :class:`CentreLink`) is shared with the
+asynchronous parameter server (``async_ps``), which pushes gradients instead of models.
+Rounds end as described in :mod:`.async_common`: each non-holder sends END; the holder serves
+until it heard END (or LEAVE) from all. The final model is the world average of the workers
+(the round loop's last average); the centre is evaluated too (:meth:`EAWild.evaluation_tensors`).
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable, Optional
+
+import torch
+from pydantic import model_validator
+from pydantic import Field
+
+from ..comm.p2p import ACQUIRE, END, LEAVE, PUSH, P2PChannel, PeerError
+from . import BuildContext, Spec
+from .async_common import AsyncAlgorithm, AsyncParams, AsyncStats, copy_flat_, exchanged_tensors, flat_copy
+
+
+class FairLock:
+    """A FIFO lock: waiters are served in arrival order (threading.Lock is not fair)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._queue: deque = deque()
+        self._held = False
+
+    def acquire(self) -> None:
+        me = object()
+        with self._cv:
+            self._queue.append(me)
+            while self._held or self._queue[0] is not me:
+                self._cv.wait()
+            self._queue.popleft()
+            self._held = True
+
+    def release(self) -> None:
+        with self._cv:
+            self._held = False
+            self._cv.notify_all()
+
+
+Rule = Callable[[torch.Tensor, torch.Tensor], None]  # rule(c, payload): update c in place
+
+
+class CentreHolder:
+    """The centre ``c`` on rank 0 and the thread that serves pushes from the other ranks."""
+
+    def __init__(self, channel: Optional[P2PChannel], c0: torch.Tensor, rule: Rule, payload_numel: int,
+                 locked: bool = False, stats: Optional[AsyncStats] = None) -> None:
+        self.ch, self.c, self.rule, self.locked = channel, c0.clone(), rule, bool(locked)
+        self.payload_numel = int(payload_numel)
+        self.stats = stats or AsyncStats()
+        self.mutex = threading.Lock()
+        self.fair = FairLock()
+        self.version = 0
+        self.order: list[int] = []  # rank of every applied push, in order
+        self._pulled: dict[int, int] = {}
+        self.remotes = list(range(1, channel.world_size)) if channel is not None else []
+        self.error: Optional[BaseException] = None
+        self._go, self._done = threading.Event(), threading.Event()
+        self._leaving = False
+        self.thread = None
+        if self.remotes:
+            self.thread = threading.Thread(target=self._main, daemon=True, name="centre-holder")
+            self.thread.start()
+
+    # -- the centre (any thread)
+    def pull(self, src: int) -> torch.Tensor:
+        with self.mutex:
+            self._pulled[src] = self.version
+            return self.c.clone()
+
+    def apply(self, payload: torch.Tensor, src: int) -> torch.Tensor:
+        with self.mutex:
+            stale = self.version - self._pulled.get(src, self.version)
+            self.rule(self.c, payload)
+            self.version += 1
+            self.order.append(src)
+            self._pulled[src] = self.version
+            reply = self.c.clone()
+        self.stats.add_staleness(stale)
+        self.stats.add_exchange()
+        return reply
+
+    # -- main thread of rank 0
+    def check(self) -> None:
+        if self.error is not None:
+            raise PeerError(str(self.error)) from self.error
+
+    def begin_round(self) -> None:
+        self.check()
+        self._done.clear()
+        self._go.set()
+
+    def end_round(self, timeout_s: float) -> None:
+        if self.thread is None:
+            return
+        if not self._done.wait(timeout_s):
+            self.check()
+            raise PeerError(f"rank 0: the centre holder did not hear the end of the round from every worker "
+                            f"within {timeout_s:.0f} s (a worker stopped without leaving)")
+        self.check()
+
+    def leave(self, timeout_s: Optional[float]) -> None:
+        self._leaving = True
+        self._go.set()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                raise PeerError(f"rank 0: workers did not leave the centre holder within {timeout_s:.0f} s")
+        self.check()
+
+    # -- the serving thread
+    def _main(self) -> None:
+        try:
+            left: set[int] = set()
+            while len(left) < len(self.remotes):
+                if not self._leaving:
+                    self._go.wait()
+                    self._go.clear()
+                ended = set(left)
+                while len(ended) < len(self.remotes):
+                    src, kind, _, _, _ = self.ch.recv_header(None)
+                    if kind == PUSH:
+                        self._serve_push(src)
+                    elif kind == ACQUIRE:
+                        self._serve_locked(src)
+                    elif kind in (END, LEAVE):
+                        ended.add(src)
+                        if kind == LEAVE:
+                            left.add(src)
+                    else:
+                        raise PeerError(f"rank 0: unexpected message kind {kind} from rank {src}")
+                self._done.set()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            self.error = e
+            self._done.set()
+
+    def _serve_push(self, src: int) -> None:
+        buf = torch.empty(self.payload_numel, dtype=self.c.dtype)
+        self.ch.recv(buf, src)
+        self.ch.send(self.apply(buf, src), src)
+
+    def _serve_locked(self, src: int) -> None:
+        self.fair.acquire()
+        try:
+            self.ch.send(self.pull(src), src)
+            _, kind, _, _, _ = self.ch.recv_header(src)
+            if kind != PUSH:
+                raise PeerError(f"rank 0: rank {src} holds the centre lock but sent kind {kind}")
+            buf = torch.empty(self.payload_numel, dtype=self.c.dtype)
+            self.ch.recv(buf, src)
+            reply = self.apply(buf, src)
+        finally:
+            self.fair.release()
+        self.ch.send(reply, src)
+
+
+class CentreLink:
+    """A worker's access to the centre: in memory on rank 0, by messages elsewhere."""
+
+    def __init__(self, channel: Optional[P2PChannel], holder: Optional[CentreHolder], numel: int,
+                 dtype: torch.dtype, stats: AsyncStats) -> None:
+        self.ch, self.holder, self.numel, self.dtype, self.stats = channel, holder, int(numel), dtype, stats
+        self.rank = channel.rank if channel is not None else 0
+        self.round = 0
+
+    def push(self, payload: torch.Tensor) -> torch.Tensor:
+        """Lock-free: apply ``payload`` at the holder, return the centre after it (the next pull)."""
+        if self.holder is not None:
+            return self.holder.apply(payload, self.rank)
+        self.ch.send_header(0, PUSH, self.round)
+        self.ch.send(payload, 0)
+        return self._reply()
+
+    def locked_update(self, update: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Locked: c = pull under the holder's lock, payload = update(c), push, release; returns c after."""
+        if self.holder is not None:
+            self.holder.fair.acquire()
+            try:
+                c = self.holder.pull(self.rank)
+                return self.holder.apply(update(c), self.rank)
+            finally:
+                self.holder.fair.release()
+        self.ch.send_header(0, ACQUIRE, self.round)
+        c = self._reply()
+        payload = update(c)
+        self.ch.send_header(0, PUSH, self.round)
+        self.ch.send(payload, 0)
+        return self._reply()
+
+    def _reply(self) -> torch.Tensor:
+        out = torch.empty(self.numel, dtype=self.dtype)
+        self.ch.recv(out, 0)
+        return out
+
+    def begin_round(self) -> None:
+        if self.holder is not None:
+            self.holder.begin_round()
+
+    def end_round(self, timeout_s: float) -> None:
+        if self.holder is not None:
+            self.holder.end_round(timeout_s)
+        elif self.ch is not None:
+            self.ch.send_header(0, END, self.round)
+        self.round += 1
+
+    def leave(self, timeout_s: Optional[float]) -> None:
+        if self.holder is not None:
+            self.holder.leave(timeout_s)
+        elif self.ch is not None:
+            self.ch.send_header(0, LEAVE, self.round)
+
+
+def elastic_rule(c: torch.Tensor, payload: torch.Tensor) -> None:
+    """payload = [x_j, alpha]:  c <- c + alpha * (x_j - c)."""
+    c.add_(payload[:-1] - c, alpha=float(payload[-1]))
+
+
+class EAWildParams(AsyncParams):
+    """``algorithm.params`` of ``eawild``."""
+
+    tau: int = Field(1, ge=1, description="local steps between two pushes")
+    alpha: Optional[float] = Field(None, gt=0, lt=1, description="moving rate (default 0.1 when rho is not given)")
+    rho: Optional[float] = Field(None, gt=0, description="elastic coefficient: alpha = lr * rho")
+    lock: bool = Field(False, description="locked asynchronous EASGD (pull-update-push atomic) instead of EA-wild")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.alpha is not None and self.rho is not None:
+            raise ValueError("give alpha or rho, not both")
+        return self
+
+
+class CentreAlgorithm(AsyncAlgorithm):
+    """An asynchronous algorithm with a centre on rank 0 (EA-wild, asynchronous PS)."""
+
+    rule: Rule = staticmethod(elastic_rule)
+    locked = False
+
+    def __init__(self, params, optimizer, comm, averager=None, **kw) -> None:
+        super().__init__(params, optimizer, comm, **kw)
+        self.tensors = exchanged_tensors(self.params, averager)
+        self.numel = sum(t.numel() for t in self.tensors)
+        self.dtype = self.tensors[0].dtype
+        self.channel = P2PChannel(self.timeout_s) if comm.world_size > 1 else None
+        self.holder: Optional[CentreHolder] = None
+        self.link: Optional[CentreLink] = None
+
+    def payload_numel(self) -> int:
+        return self.numel + 1
+
+    def begin_comm_round(self) -> None:
+        if self.link is None:  # first round: the centre starts from the (broadcast) initial model
+            c0 = flat_copy(self.tensors)
+            if self.comm.rank == 0:
+                self.holder = CentreHolder(self.channel, c0, self.rule, self.payload_numel(), self.locked, self.stats)
+            self.link = CentreLink(self.channel, self.holder, self.numel, self.dtype, self.stats)
+            self.pulled = c0
+        self.link.begin_round()
+
+    def end_comm_round(self) -> None:
+        self.link.end_round(self.timeout_s)
+
+    def leave(self, timeout_s: Optional[float]) -> None:
+        if self.link is not None:
+            self.link.leave(timeout_s)
+
+    def centre_flat(self) -> torch.Tensor:
+        """The centre on every rank (collective: rank 0 broadcasts it; call at a round boundary)."""
+        c = (self.holder.pull(0) if self.holder is not None else
+             (self.pulled.clone() if self.link is not None else flat_copy(self.tensors)))
+        with self.comm.stats_paused():
+            self.comm.broadcast_([c], root=0)
+        return c
+
+    def centre_tensors(self) -> list[torch.Tensor]:
+        """The centre shaped like the exchanged tensors (collective)."""
+        c = self.centre_flat()
+        out, o = [], 0
+        for t in self.tensors:
+            out.append(c[o:o + t.numel()].view_as(t).to(t.device, t.dtype).clone())
+            o += t.numel()
+        return out
+
+
+class EAWild(CentreAlgorithm):
+    name = "eawild"
+
+    def __init__(self, params, optimizer, comm, averager=None, *, tau: int = 1, alpha: Optional[float] = None,
+                 rho: Optional[float] = None, lock: bool = False, **kw) -> None:
+        super().__init__(params, optimizer, comm, averager, **kw)
+        self.tau, self.rho, self.locked = int(tau), rho, bool(lock)
+        self._alpha = 0.1 if alpha is None and rho is None else alpha
+
+    @property
+    def alpha(self) -> float:
+        if self.rho is not None:
+            return float(self.optimizer.param_groups[0]["lr"]) * self.rho
+        return float(self._alpha)
+
+    def local_step(self) -> None:
+        with self.lock:
+            self.optimizer.step()
+        if self.comm.world_size == 1 or (self.step_count + 1) % self.tau:
+            return
+        a = self.alpha
+        if self.locked:
+            self.pulled = self._timed(lambda: self.link.locked_update(lambda c: self._elastic(c, a)))
+        else:
+            payload = self._elastic(self.pulled, a)
+            self.pulled = self._timed(lambda: self.link.push(payload))
+
+    def extra_evaluations(self) -> dict[str, list[torch.Tensor]]:
+        """The centre is scored too (summary ``centre_test_accuracy``); the final model is the average."""
+        return {"centre": self.centre_tensors()} if self.comm.world_size > 1 else {}
+
+    def _elastic(self, c: torch.Tensor, a: float) -> torch.Tensor:
+        """x <- x - a (x - c); returns the push payload [x, a]."""
+        with self.lock:
+            x = flat_copy(self.tensors)
+            x.add_(x - c.to(x.dtype), alpha=-a)
+            copy_flat_(self.tensors, x)
+        return torch.cat([x, torch.tensor([a], dtype=x.dtype)])
+
+    def _timed(self, fn):
+        import time
+
+        t0 = time.perf_counter()
+        out = fn()
+        self.stats.add_idle(time.perf_counter() - t0)
+        return out
+
+
+def build(params: EAWildParams, ctx: BuildContext) -> EAWild:
+    return EAWild(ctx.model.parameters(), ctx.optimizer, ctx.comm, ctx.policy, tau=params.tau, alpha=params.alpha,
+                  rho=params.rho, lock=params.lock, round_steps=params.round_steps,
+                  round_seconds=params.round_seconds, timeout_s=params.timeout_s)
+
+
+SPECS = {"eawild": Spec(EAWildParams, build)}

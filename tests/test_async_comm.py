@@ -1,0 +1,221 @@
+"""The communication cores of the asynchronous algorithms, without gradients, in real processes
+joined by torch.distributed (gloo): AD-PSGD's pairwise averaging thread and the EA-wild centre
+holder (lock-free and locked), including early leavers and a peer killed mid-run."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.cluster
+
+DIM = 257
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _child(fn, rank, world, port, q, args):
+    try:
+        _init(rank, world, port)
+        q.put((rank, fn(rank, world, *args), None))
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        q.put((rank, None, f"{type(e).__name__}: {e}"))
+
+
+def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None = None):
+    """Run fn(rank, world, *args) in ``world`` spawned processes; {rank: (result, error)} of those that reported."""
+    from pipeline.train.comm.ports import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, q, args), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    out, deadline = {}, time.time() + timeout
+    try:
+        while len(out) < (world if expect is None else expect):
+            rank, res, err = q.get(timeout=max(0.1, deadline - time.time()))
+            out[rank] = (res, err)
+    except queue_mod.Empty:
+        pytest.fail(f"processes hung: only ranks {sorted(out)} reported within {timeout} s")
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+def _vector(rank: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(rank).normal(size=DIM) * (rank + 1) + 3 * rank)
+
+
+def _gather(x: torch.Tensor, world: int) -> np.ndarray:
+    import torch.distributed as dist
+
+    xs = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(xs, x)
+    return torch.stack(xs).numpy()
+
+
+# ---------------------------------------------------------------------------- AD-PSGD
+def _adpsgd(rank, world, slow, rounds, round_s, leave_after):
+    from pipeline.train.algorithms.adpsgd import PairAveraging
+    from pipeline.train.comm.p2p import P2PChannel
+
+    x = _vector(rank)
+    core = PairAveraging(P2PChannel(20), [x], threading.Lock(), seed=3, delay_s=0.01 if rank == slow else 0.0)
+    snaps = [_gather(x, world)]
+    for r in range(rounds):
+        if r == leave_after.get(rank, -1):
+            break
+        core.begin_round()
+        time.sleep(round_s)
+        core.end_round(30)
+        if not leave_after:
+            snaps.append(_gather(x, world))
+    core.leave(60)
+    if leave_after:
+        snaps.append(_gather(x, world))
+    return {"snaps": snaps, "exchanges": core.stats.exchanges, "staleness": dict(core.stats.staleness)}
+
+
+def _consensus(xs: np.ndarray) -> float:
+    return float(((xs - xs.mean(0)) ** 2).sum(1).mean())
+
+
+@pytest.mark.parametrize("world,slow", [(2, 1), (3, 2), (4, 3)])
+def test_adpsgd_keeps_the_mean_and_reaches_consensus_with_a_slow_worker(world, slow):
+    out = run_procs(_adpsgd, world, slow, 3, 0.4, {})
+    assert all(err is None for _, err in out.values()), out
+    snaps = out[0][0]["snaps"]
+    mean0 = snaps[0].mean(0)
+    for s in snaps[1:]:
+        np.testing.assert_allclose(s.mean(0), mean0, rtol=0, atol=1e-9)  # the pair's sum is preserved
+    cds = [_consensus(s) for s in snaps]
+    assert cds[0] > 10
+    assert cds[1] < cds[0] * 1e-2 and cds[-1] < cds[0] * 1e-6, cds
+    exchanges = [out[r][0]["exchanges"] for r in range(world)]
+    assert all(e > 0 for e in exchanges), exchanges  # the slow worker takes part too
+    # every averaging involves one active and one passive: the two sides count the same total
+    assert sum(exchanges[0::2]) == sum(exchanges[1::2]), exchanges
+
+
+@pytest.mark.parametrize("world,leave_after", [(3, {2: 1}), (4, {1: 1, 2: 2})])
+def test_adpsgd_a_worker_that_stops_early_does_not_block_the_others(world, leave_after):
+    out = run_procs(_adpsgd, world, -1, 3, 0.3, leave_after)
+    assert all(err is None for _, err in out.values()), out
+    snaps = out[0][0]["snaps"]
+    np.testing.assert_allclose(snaps[-1].mean(0), snaps[0].mean(0), rtol=0, atol=1e-9)
+    assert _consensus(snaps[-1]) < _consensus(snaps[0]) * 1e-3
+
+
+def _adpsgd_killed(rank, world, victim, outdir):
+    from pipeline.outputs import atomic_output_dir
+    from pipeline.train.algorithms.adpsgd import PairAveraging
+    from pipeline.train.comm.p2p import P2PChannel
+
+    x = _vector(rank)
+    core = PairAveraging(P2PChannel(5), [x], threading.Lock(), seed=3)
+    t0 = time.time()
+    with atomic_output_dir(os.path.join(outdir, f"rank{rank}")) as tmp:
+        for r in range(6):
+            core.begin_round()
+            time.sleep(0.2)
+            if rank == victim and r == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            core.end_round(10)
+            np.save(os.path.join(tmp, f"round{r}.npy"), x.numpy())
+        core.leave(10)
+    return time.time() - t0
+
+
+def test_adpsgd_a_peer_killed_mid_run_fails_the_others_clearly(tmp_path):
+    world, victim = 3, 1
+    t0 = time.time()
+    out = run_procs(_adpsgd_killed, world, victim, str(tmp_path), timeout=60, expect=world - 1)
+    assert set(out) == {0, 2}
+    for rank, (res, err) in out.items():
+        assert res is None and err is not None, (rank, res)
+        assert "PeerError" in err and f"rank {rank}" in err, err
+    assert time.time() - t0 < 45
+    # nothing written by the survivors (the killed process could not remove its own temporary directory)
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith(f".rank{victim}.")]
+    assert left == [], left
+
+
+# ---------------------------------------------------------------------------- EA-wild holder
+def _eawild(rank, world, locked, seconds, alpha, slow):
+    from pipeline.train.algorithms.async_common import AsyncStats
+    from pipeline.train.algorithms.eawild import CentreHolder, CentreLink, elastic_rule
+    from pipeline.train.comm.p2p import P2PChannel
+
+    ch = P2PChannel(20)
+    x = _vector(rank)
+    c0 = _vector(0)  # every worker starts from rank 0's vector; the centre too
+    x.copy_(c0) if rank == 0 else None
+    holder = CentreHolder(ch, c0, elastic_rule, DIM + 1, locked) if rank == 0 else None
+    link = CentreLink(ch, holder, DIM, torch.float64, AsyncStats())
+    link.begin_round()
+    pulled = c0.clone()
+    x0 = x.clone()
+
+    def update(c):
+        x.add_(x - c, alpha=-alpha)
+        return torch.cat([x, torch.tensor([alpha], dtype=x.dtype)])
+
+    pushes, t_end = 0, time.time() + seconds
+    while time.time() < t_end:  # every worker pushes until the same wall-clock end; one is 5x slower
+        if locked:
+            link.locked_update(update)
+        else:
+            pulled = link.push(update(pulled))
+        pushes += 1
+        time.sleep(0.01 if rank == slow else 0.002)
+    link.end_round(30)
+    xs = _gather(x, world)
+    link.leave(30)
+    return {"pushes": pushes, "x0": _gather(x0, world), "x": xs, "c": None if holder is None else holder.c.numpy(),
+            "order": None if holder is None else list(holder.order)}
+
+
+def _replay(x0: np.ndarray, c0: np.ndarray, order: list[int], alpha: float):
+    """Sequential (locked) asynchronous EASGD applied in ``order``."""
+    x, c = x0.copy(), c0.copy()
+    for j in order:
+        x[j] = x[j] - alpha * (x[j] - c)
+        c = c + alpha * (x[j] - c)
+    return x, c
+
+
+@pytest.mark.parametrize("locked", [False, True])
+def test_eawild_centre_and_workers_converge_to_a_common_point(locked):
+    world, alpha = 3, 0.2
+    out = run_procs(_eawild, world, locked, 1.5, alpha, 2)
+    assert all(err is None for _, err in out.values()), out
+    r0 = out[0][0]
+    x, c, order = r0["x"], r0["c"], r0["order"]
+    pushes = [out[r][0]["pushes"] for r in range(world)]
+    assert [order.count(r) for r in range(world)] == pushes, pushes
+    assert pushes[2] > 20 and pushes[2] < min(pushes[:2]), pushes  # the 5x slower worker pushes less
+    spread0 = float(np.abs(r0["x0"] - r0["x0"].mean(0)).max())
+    assert spread0 > 1
+    assert float(np.abs(x - c).max()) < 1e-3 * spread0, np.abs(x - c).max()
+    if locked:  # the lock serialises pull-update-push: exactly sequential EASGD in the holder's grant order
+        xr, cr = _replay(r0["x0"], r0["x0"][0], order, alpha)
+        np.testing.assert_allclose(x, xr, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(c, cr, rtol=0, atol=1e-12)
