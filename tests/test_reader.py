@@ -113,3 +113,115 @@ def test_overlap_epoch_rule(shards):
     assert man.copies == 1 and man.overlap_epochs(5) == 5
     man.layout.copies = 2
     assert [man.overlap_epochs(e) for e in (1, 2, 3, 4, 5)] == [1, 1, 2, 2, 3]
+
+
+# --------------------------------------------------------------------------- both batching modes
+def _ids(path, mode, seed, batch=24, skip=0, limit=None, **kw):
+    with ShardReader(path, batch, "image", seed=seed, shuffle_buffer=kw.pop("shuffle_buffer", 100), with_ids=True,
+                     mode=mode, **kw) as r:
+        assert r.mode == mode
+        return [b[2].clone() for b in r.batches(skip_batches=skip, limit_batches=limit)]
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_each_mode_is_seeded_exactly_once_and_resumable(shards, mode):
+    man = load_manifest(str(shards))
+    w = man.workers[0]
+    expected = sorted(i for a_, b_ in w.sample_ids for i in range(a_, b_ + 1))
+    a = _ids(w.path, mode, 11)
+    flat = torch.cat(a).tolist()
+    assert sorted(flat) == expected                      # every row exactly once
+    assert [len(b) for b in a] == [24] * (w.rows // 24) + ([w.rows % 24] if w.rows % 24 else [])
+    assert [b.tolist() for b in _ids(w.path, mode, 11, decode_threads=3)] == [b.tolist() for b in a]
+    b = _ids(w.path, mode, 12)
+    assert torch.cat(b).tolist() != flat and sorted(torch.cat(b).tolist()) == expected
+    # rows of one 64-row row group are spread over the epoch, not kept together
+    first_group = set(flat[:24])
+    assert len(first_group & set(range(min(first_group), min(first_group) + 64))) < 24
+    # resume: skipping k batches gives exactly the rest of the uninterrupted epoch; limit stops early
+    resumed = _ids(w.path, mode, 11, skip=5)
+    assert [x.tolist() for x in resumed] == [x.tolist() for x in a[5:]]
+    assert [x.tolist() for x in _ids(w.path, mode, 11, skip=2, limit=4)] == [x.tolist() for x in a[2:4]]
+
+
+def test_memory_and_stream_modes_give_the_same_rows_and_unshuffled_order(shards):
+    man = load_manifest(str(shards))
+    w = man.workers[1]
+    mem, stream = _ids(w.path, "memory", 3), _ids(w.path, "stream", 3)
+    assert sorted(torch.cat(mem).tolist()) == sorted(torch.cat(stream).tolist())
+    with ShardReader(w.path, 50, "image", shuffle=False, with_ids=True, mode="memory") as r:
+        m = [(x[0], y, i) for x, y, i in r]
+    with ShardReader(w.path, 50, "image", shuffle=False, with_ids=True, mode="stream") as r:
+        s = [(x[0], y, i) for x, y, i in r]
+    assert len(m) == len(s) and all(torch.equal(a[k], b[k]) for a, b in zip(m, s) for k in range(3))
+
+
+def test_auto_mode_follows_the_memory_budget(shards):
+    w = load_manifest(str(shards)).workers[0]
+    with ShardReader(w.path, 32, "image", memory_budget=10**9) as r:
+        assert r.mode == "memory"
+    with ShardReader(w.path, 32, "image", memory_budget=1000) as r:
+        assert r.mode == "stream"
+
+
+def test_memory_mode_decodes_the_shard_once_per_process(shards):
+    from pipeline.data.loader import MemoryShard
+
+    w = load_manifest(str(shards)).workers[0]
+    with ShardReader(w.path, 32, "image", seed=1, mode="memory") as r:
+        first = r._engine
+    with ShardReader(w.path, 32, "image", seed=2, mode="memory") as r:
+        assert r._engine is first
+    with ShardReader(w.path, 32, "image", seed=2, mode="memory", with_ids=True) as r:
+        assert r._engine is not first                     # other columns: decoded again
+    assert len(MemoryShard._cache) == 1
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_reading_never_touches_the_global_rng(shards, mode):
+    w = load_manifest(str(shards)).workers[0]
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    _ids(w.path, mode, 9)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_ragged_list_column_is_one_clear_error(tmp_path):
+    d = tmp_path / "ragged"
+    d.mkdir()
+    pq.write_table(pa.table({"label": [0, 1], "hlf": pa.array([[1.0] * 14, [1.0] * 13], pa.list_(pa.float32()))}),
+                   d / "p.parquet")
+    for mode in ("memory", "stream"):
+        with pytest.raises(BadInputError, match=r"column 'hlf' has lists of lengths 13..14"):
+            with ShardReader(str(d), 2, "hlf", mode=mode) as r:
+                list(r)
+
+
+def test_device_prefetcher_copies_on_a_background_thread_in_order():
+    """The prefetch path (thread, queue, copies, error hand-over) with an injected device."""
+    import threading
+
+    from pipeline.data.loader import DevicePrefetcher
+
+    producer = []
+
+    def gen():
+        for i in range(7):
+            producer.append(threading.current_thread().name)
+            yield (torch.full((2,), i),), torch.tensor([i])
+    got = list(DevicePrefetcher(gen(), "cpu", depth=2, pin=False))
+    assert [int(y) for _, y in got] == list(range(7))
+    assert set(producer) == {"pipeline-prefetch"}
+
+    def bad():
+        yield (torch.zeros(1),), torch.zeros(1)
+        raise BadInputError("x.parquet: broken")
+    it = iter(DevicePrefetcher(bad(), "cpu", pin=False))
+    next(it)
+    with pytest.raises(BadInputError, match="x.parquet: broken"):
+        next(it)
+    # stopping early ends the thread
+    it = iter(DevicePrefetcher(gen(), "cpu", depth=1, pin=False))
+    next(it)
+    it.close()
+    assert not [t for t in threading.enumerate() if t.name == "pipeline-prefetch"]
