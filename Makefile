@@ -8,9 +8,13 @@ export PYTHONUNBUFFERED := 1
 SUBMIT  := $(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g \
            --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$(CURDIR)/configs/log4j2.properties"
 
-.PHONY: setup run run-images run-hep test test-fast bench clean
+.PHONY: setup services run run-images run-hep test test-fast bench clean
 
 setup: $(STAMP)
+
+## the XRootD and S3 servers the remote-data tests start on loopback
+services:
+	bash scripts/test_services.sh
 
 $(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
 	bash scripts/setup.sh
@@ -26,10 +30,10 @@ run-images: setup
 	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml
 
 ## make test: the whole suite (CI); make test-fast: without the slow, e2e and cluster tiers
-test: setup
+test: setup services
 	$(PY) -m pytest tests
 
-test-fast: setup
+test-fast: setup services
 	$(PY) -m pytest tests -m "not slow and not e2e and not cluster"
 
 bench: setup

@@ -1,0 +1,362 @@
+"""Where data lives: one filesystem abstraction for every path the pipeline reads or writes.
+
+A location is a local path, a ``file://`` URI, an ``s3://bucket/key`` URI (an S3-compatible object
+store), or, for ROOT inputs only, ``root://host:port//path`` (XRootD: EOS, the WLCG grid) and
+``http(s)://`` URLs. :func:`location` parses and checks one; every artefact the Python side writes or
+lists goes through :mod:`pyarrow.fs` (``LocalFileSystem`` or ``S3FileSystem``), uproot reads remote
+ROOT files through its fsspec sources (``fsspec-xrootd`` for ``root://``).
+
+S3 settings come from the environment, as for every AWS client: ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN``), ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``)
+for a non-AWS store such as MinIO, Ceph or EOS's S3 gateway, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``.
+The instance-metadata lookup of AWS's default credential chain is never tried, so missing credentials
+are one clear error instead of a long network wait.
+
+Spark addresses the same objects as ``s3a://`` (the Hadoop S3A connector); :meth:`Location.spark_uri`
+is the one place that translates.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlparse
+
+from .errors import BadInputError
+
+OUTPUT_SCHEMES = ("file", "s3")
+INPUT_SCHEMES = ("file", "s3", "root", "http", "https")
+_ALIASES = {"s3a": "s3", "s3n": "s3"}
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+_REGION_VARS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed location. ``path`` is the absolute local path (``file``), ``bucket/key`` (``s3``)
+    or the whole URL (``root``, ``http``, ``https``)."""
+
+    scheme: str
+    path: str
+
+    def __str__(self) -> str:
+        if self.scheme == "file":
+            return self.path
+        if self.scheme == "s3":
+            return "s3://" + self.path
+        return self.path
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    @property
+    def bucket(self) -> str:
+        return self.path.split("/", 1)[0] if self.scheme == "s3" else ""
+
+    def local_path(self) -> Path:
+        if not self.is_local:
+            raise BadInputError(f"{self}: a local path is needed here")
+        return Path(self.path)
+
+    def child(self, *parts: str) -> "Location":
+        if self.scheme in ("file", "s3"):
+            return Location(self.scheme, posixpath.join(self.path.rstrip("/"), *parts))
+        return Location(self.scheme, self.path.rstrip("/") + "/" + "/".join(parts))
+
+    def sibling(self, name: str) -> "Location":
+        return Location(self.scheme, posixpath.join(posixpath.dirname(self.path.rstrip("/")), name))
+
+    def spark_uri(self) -> str:
+        """The URI Spark's (Hadoop's) filesystem layer reads: ``file:///...`` or ``s3a://bucket/key``."""
+        if self.scheme == "file":
+            return "file://" + self.path
+        if self.scheme == "s3":
+            return "s3a://" + self.path
+        raise BadInputError(f"{self}: Spark cannot read {self.scheme}:// paths; read them with the ingestion stage")
+
+    def filesystem(self):
+        """The :mod:`pyarrow.fs` filesystem holding this location (``file`` and ``s3``)."""
+        if self.scheme == "file":
+            import pyarrow.fs as pafs
+
+            return pafs.LocalFileSystem()
+        if self.scheme == "s3":
+            settings = s3_settings()
+            if not (settings["key"] and settings["secret"]):
+                raise BadInputError(f"{self}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                    "(and AWS_ENDPOINT_URL for a store other than AWS)")
+            return s3_filesystem(**settings)
+        raise BadInputError(f"{self}: no writable filesystem for {self.scheme}:// (ROOT inputs are read by uproot)")
+
+
+def location(uri: str | os.PathLike | Location, *, output: bool = False) -> Location:
+    """Parse ``uri``; an unsupported scheme is one line naming the URI and the schemes that work."""
+    if isinstance(uri, Location):
+        return uri
+    s = os.fspath(uri)
+    if not s:
+        raise BadInputError("an empty path was given")
+    if "://" not in s:
+        return Location("file", str(Path(s).expanduser().absolute()))
+    scheme = urlparse(s).scheme.lower()
+    scheme = _ALIASES.get(scheme, scheme)
+    allowed = OUTPUT_SCHEMES if output else INPUT_SCHEMES
+    if scheme not in allowed:
+        what = "outputs" if output else "inputs"
+        raise BadInputError(f"{s}: the URI scheme {scheme}:// is not supported for {what} "
+                            f"(supported: local paths, {', '.join(x + '://' for x in allowed)})")
+    if scheme == "file":
+        p = urlparse(s)
+        return Location("file", str(Path(p.netloc + p.path).absolute()))
+    if scheme == "s3":
+        raw = s.split("://", 1)[1]
+        rest = raw.strip("/")
+        if not rest or raw.startswith("/"):
+            raise BadInputError(f"{s}: an S3 URI needs a bucket: s3://bucket/key")
+        return Location("s3", rest)
+    return Location(scheme, s)
+
+
+def s3_settings() -> dict:
+    """Endpoint, region and credentials of the S3 client, read from the environment (hashable values)."""
+    endpoint = next((os.environ[v] for v in _ENDPOINT_VARS if os.environ.get(v)), "")
+    region = next((os.environ[v] for v in _REGION_VARS if os.environ.get(v)), "us-east-1")
+    return {"endpoint": endpoint, "region": region,
+            "key": os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            "secret": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            "token": os.environ.get("AWS_SESSION_TOKEN", "")}
+
+
+@lru_cache(maxsize=8)
+def s3_filesystem(endpoint: str, region: str, key: str, secret: str, token: str):
+    import pyarrow.fs as pafs
+
+    kw = dict(access_key=key, secret_key=secret, session_token=token or None, region=region,
+              connect_timeout=10, request_timeout=60)
+    if endpoint:
+        u = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
+        kw.update(endpoint_override=u.netloc, scheme=u.scheme or "https")
+    return pafs.S3FileSystem(**kw)
+
+
+def _file_type(loc: Location):
+    """pyarrow's FileType of ``loc``; S3 errors become one line naming the location."""
+    try:
+        return loc.filesystem().get_file_info(loc.path).type
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+
+
+def _reason(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    for key, reason in (("NoSuchBucket", "the bucket does not exist"), ("AccessDenied", "access denied"), ("ACCESS_DENIED", "access denied"),
+                        ("InvalidAccessKeyId", "the access key is not valid"),
+                        ("SignatureDoesNotMatch", "the secret key is not valid"),
+                        ("Couldn't connect", "cannot reach the S3 endpoint"),
+                        ("curlCode: 7", "cannot reach the S3 endpoint")):
+        if key in msg:
+            return reason
+    return msg[:300]
+
+
+def exists(loc: Location) -> bool:
+    import pyarrow.fs as pafs
+
+    return _file_type(loc) != pafs.FileType.NotFound
+
+
+def is_dir(loc: Location) -> bool:
+    import pyarrow.fs as pafs
+
+    return _file_type(loc) == pafs.FileType.Directory
+
+
+def check_writable(loc: Location) -> None:
+    """Fail before any work when ``loc`` cannot be written: a bucket that does not exist, missing
+    credentials, a read-only prefix (a probe object is written and removed). Local paths: nothing
+    to check here (a local failure already names the path)."""
+    if loc.is_local:
+        return
+    import pyarrow.fs as pafs
+
+    fs = loc.filesystem()
+    try:
+        bucket = fs.get_file_info(loc.bucket)
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    if bucket.type == pafs.FileType.NotFound:
+        raise BadInputError(f"{loc}: the bucket {loc.bucket!r} does not exist")
+    probe = loc.sibling(f".{loc.name}.write-probe")
+    try:
+        with fs.open_output_stream(probe.path) as f:
+            f.write(b"probe")
+        fs.delete_file(probe.path)
+    except OSError as e:
+        raise BadInputError(f"{loc}: not writable: {_reason(e)}") from None
+
+
+def read_bytes(loc: Location) -> bytes:
+    if loc.is_local:
+        return Path(loc.path).read_bytes()
+    try:
+        with loc.filesystem().open_input_stream(loc.path) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise BadInputError(f"{loc}: not found") from None
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+
+
+def write_bytes(loc: Location, data: bytes) -> None:
+    """Write one object/file whole: locally via a temporary file and a rename, on S3 with one PUT
+    (an object appears complete or not at all)."""
+    if loc.is_local:
+        p = Path(loc.path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, p)
+        return
+    try:
+        with loc.filesystem().open_output_stream(loc.path) as f:
+            f.write(data)
+    except OSError as e:
+        raise BadInputError(f"{loc}: cannot write: {_reason(e)}") from None
+
+
+def list_files(loc: Location, suffix: str = "") -> list[Location]:
+    """Files under a directory/prefix (recursive, sorted), optionally ending with ``suffix``."""
+    import pyarrow.fs as pafs
+
+    fs = loc.filesystem()
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    return sorted((Location(loc.scheme, i.path) for i in infos
+                   if i.type == pafs.FileType.File and i.path.endswith(suffix)), key=lambda x: x.path)
+
+
+def delete_tree(loc: Location) -> None:
+    """Remove a directory/prefix and everything under it; missing is fine."""
+    import shutil
+
+    if loc.is_local:
+        shutil.rmtree(loc.path, ignore_errors=True)
+        return
+    fs = loc.filesystem()
+    try:
+        fs.delete_dir(loc.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
+
+
+def upload_tree(local_dir: Path, dest: Location) -> list[str]:
+    """Copy every file under ``local_dir`` to ``dest`` (relative paths kept); returns the keys written."""
+    import pyarrow.fs as pafs
+
+    fs = dest.filesystem()
+    written = []
+    for f in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+        rel = f.relative_to(local_dir).as_posix()
+        target = dest.child(rel)
+        try:
+            pafs.copy_files(str(f), target.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+        except OSError as e:
+            raise BadInputError(f"{target}: cannot write: {_reason(e)}") from None
+        written.append(rel)
+    return written
+
+
+def move_tree(src: Location, dest: Location) -> None:
+    """Move every object under ``src`` to ``dest`` (S3: server-side copies, then deletes)."""
+    fs = src.filesystem()
+    for f in list_files(src):
+        rel = posixpath.relpath(f.path, src.path)
+        try:
+            fs.move(f.path, dest.child(rel).path)
+        except OSError as e:
+            raise BadInputError(f"{dest}: cannot write: {_reason(e)}") from None
+
+
+def petastorm_filesystem(loc: Location):
+    """``(dataset_url, filesystem)`` for Petastorm's readers.
+
+    Petastorm 0.12 hands its filesystem to pyarrow's legacy ``ParquetDataset``, which accepts only
+    the legacy ``pyarrow.filesystem`` interface; for an object store the pyarrow S3 client is
+    wrapped into that interface (through fsspec's ``ArrowFSWrapper``). Local shards keep Petastorm's
+    own ``file://`` handling (``filesystem=None``).
+    """
+    if loc.is_local:
+        return "file://" + loc.path, None
+    if loc.scheme != "s3":
+        raise BadInputError(f"{loc}: shards can be read from local paths and s3:// only")
+    _register_fsspec_s3()
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    return "s3://" + loc.path, _LegacyFsspec(ArrowFSWrapper(loc.filesystem()))
+
+
+def _legacy_base():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pyarrow.filesystem as legacy
+    return legacy.DaskFileSystem
+
+
+class _LegacyFsspec(_legacy_base()):
+    """pyarrow's legacy filesystem interface over any fsspec filesystem (what Petastorm 0.12 needs)."""
+
+    def isdir(self, path):
+        return self.fs.isdir(path)
+
+    def isfile(self, path):
+        return self.fs.isfile(path)
+
+    def walk(self, top_path):
+        return self.fs.walk(top_path)
+
+
+def _register_fsspec_s3() -> None:
+    """Petastorm strips ``s3://`` through fsspec's registry; where s3fs is not installed, register
+    fsspec's S3 protocol over the pyarrow client (same endpoint and credentials as :func:`s3_settings`)."""
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class("s3")
+        return
+    except ImportError:
+        pass
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    class ArrowS3(ArrowFSWrapper):
+        protocol = ("s3", "s3a")
+        root_marker = ""
+
+        def __init__(self, **kwargs):
+            super().__init__(s3_filesystem(**s3_settings()), **kwargs)
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            path = path.split("://", 1)[-1] if "://" in path else path
+            return path.strip("/")
+
+    fsspec.register_implementation("s3", ArrowS3, clobber=True)
+
+
+def remote_root_timeout(default: Optional[int] = None) -> int:
+    """Per-request timeout (whole seconds, as the XRootD client takes it) for remote ROOT reads:
+    ``PIPELINE_REMOTE_TIMEOUT`` or ``default`` or 60."""
+    return int(float(os.environ.get("PIPELINE_REMOTE_TIMEOUT", default or 60)))
