@@ -360,3 +360,31 @@ def remote_root_timeout(default: Optional[int] = None) -> int:
     """Per-request timeout (whole seconds, as the XRootD client takes it) for remote ROOT reads:
     ``PIPELINE_REMOTE_TIMEOUT`` or ``default`` or 60."""
     return int(float(os.environ.get("PIPELINE_REMOTE_TIMEOUT", default or 60)))
+
+
+def expand_remote_glob(url: str) -> list[str]:
+    """The files a remote glob (``root://host//dir/*.root``) matches, listed by the server (sorted).
+    A URL without glob characters is returned as is."""
+    import glob as _glob
+
+    if not _glob.has_magic(url.split("://", 1)[1]):
+        return [url]
+    import fsspec
+
+    try:
+        fsys, _, paths = fsspec.get_fs_token_paths(url)
+    except Exception as e:                       # the client raises OSError, RuntimeError, ValueError...
+        raise BadInputError(f"{url}: cannot list the files: {' '.join(str(e).split())[:300]}") from None
+    return sorted(fsys.unstrip_protocol(p) for p in paths)
+
+
+def open_root(path: str, **options):
+    """``uproot.open`` with the per-request timeout for remote files (``root://``, ``http(s)://``)."""
+    import uproot
+
+    scheme = path.split("://", 1)[0].lower() if "://" in path else "file"
+    if scheme in ("root", "http", "https"):
+        options.setdefault("timeout", remote_root_timeout())
+    if scheme in ("http", "https"):
+        options.setdefault("handler", uproot.source.http.HTTPSource)
+    return uproot.open(path, **options)
