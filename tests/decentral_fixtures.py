@@ -6,23 +6,18 @@ functions that exercise SwarmSGD / D-PSGD / EASGD / consensus distance on a real
 * :func:`run_horovod_workers` runs M Horovod (gloo) processes with ``horovod.run`` on this
   host (``horovod.spark.run`` would need M Spark task slots; the test session has 2).
 
-The worker functions return plain numpy data; the tests assert in the parent.
+The worker functions return plain numpy data; the tests assert in the parent (against values
+computed there independently, never by re-running the code under test).
 """
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import Any, Callable
 
 import numpy as np
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from pipeline.train.comm.ports import free_port
 
 def _torch_child(fn, rank, world, port, args, queue):
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
@@ -40,7 +35,7 @@ def run_torch_workers(fn: Callable, world: int, *args: Any, timeout: float = 240
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_torch_child, args=(fn, r, world, port, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
@@ -99,8 +94,12 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
     """Run every algorithm-level check on this rank; return what the parent asserts on."""
     import torch
 
+    from pipeline.train.algorithms import BuildContext, build_algorithm
     from pipeline.train.algorithms.arsgd import ARSGD
+    from pipeline.train.algorithms.decentral import ParamsOnly
     from pipeline.train.algorithms.dpsgd import DPSGD
+    from pipeline.train.algorithms.local_sgd import LocalSGD
+    from pipeline.train.algorithms.slowmo import SlowMo
     from pipeline.train.algorithms.easgd import EASGD
     from pipeline.train.algorithms.swarm import SwarmSGD
     from pipeline.train.comm import make_communicator
@@ -163,27 +162,65 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
     out["atc_vs_arsgd"] = float(np.abs(_flat(c) - _flat(d)).max())
     out["atc_final"] = _flat(c)
 
-    # 5. EASGD elastic steps: sum_i x_i + centre is invariant (beta = M * alpha)
+    # 5. EASGD through its own step(): the state just before each elastic step is recorded by a
+    #    wrapper, the parent computes the expected update (sum_i x_i + centre invariant, beta = M * alpha)
     e = _net(500 + rank)
     oe = torch.optim.SGD(e.parameters(), lr=0.05)
     ea = EASGD(e.parameters(), oe, comm, tau=2, alpha=0.2)
+    elastic = ea.elastic_step
+    pre: list = []
+
+    def recording_elastic_step():
+        pre.append((_flat(e), ea.centre.numpy().copy()))
+        elastic()
+
+    ea.elastic_step = recording_elastic_step
     recs = []
     for s in range(6):
         _loss_step(e, rank, s)
-        ea.before_step()
-        oe.step()
-        x_before = _flat(e)
-        c_before = ea.centre.numpy().copy()
-        if (ea.step_count + 1) % ea.tau == 0:
-            ea.elastic_step()
-        ea.step_count += 1
-        recs.append((x_before, c_before, _flat(e), ea.centre.numpy().copy()))
+        n_pre = len(pre)
+        ea.step()
+        stepped = len(pre) > n_pre
+        recs.append((pre[-1][0] if stepped else _flat(e), pre[-1][1] if stepped else ea.centre.numpy().copy(),
+                     _flat(e), ea.centre.numpy().copy(), stepped))
     out["easgd"] = recs
 
     # 6. consensus distance of different models
     f = _net(600 + rank)
     out["consensus"] = {"x": _flat(f), "d": consensus_distance(list(f.parameters()), comm)}
     out["exchange_calls"] = comm.stats.calls
+
+    # 7. the run seed reaches SwarmSGD through the registry: matchings of seeds 1, 2, 1
+    out["seeded_partners"] = {}
+    for tag, seed in (("a", 1), ("b", 2), ("a2", 1)):
+        m = _net(1000 + rank)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        algo = build_algorithm("swarm", {"local_steps": 1, "topology": topology},
+                               BuildContext(m, opt, comm, None, seed=seed))
+        out["seeded_partners"][tag] = [algo.communicate() for _ in range(8)]
+
+    # 8. SlowMo built BEFORE rank 0's weights are broadcast, ranks seeded differently: x0 must still
+    #    be the broadcast weights (captured in on_start). Record init, pre-outer and post-outer.
+    m = _net(1100 + rank)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    base = LocalSGD(m.parameters(), opt, comm, ParamsOnly(list(m.parameters()), comm), period=1000)
+    sm = SlowMo(base, ParamsOnly(list(m.parameters()), comm), tau=2, beta=0.5, alpha=0.5)
+    comm.broadcast_([p.data for p in m.parameters()], root=0)
+    sm.on_start()
+    init = _flat(m)
+    outer = sm.outer_step
+    slow: dict = {}
+
+    def recording_outer_step():
+        slow["pre"] = _flat(m)
+        outer()
+        slow["post"] = _flat(m)
+
+    sm.outer_step = recording_outer_step
+    for s in range(2):
+        _loss_step(m, rank, s)
+        sm.step()
+    out["slowmo_x0"] = {"init": init, **slow}
     if time_budget:
         out["time"] = time_budget_checks(comm)
     comm.shutdown()
@@ -210,7 +247,9 @@ def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.12, slow_
 
     import torch
 
-    from pipeline.train.algorithms.rounds import TimedLocalSGD, slowmo_for
+    from pipeline.train.algorithms.decentral import ParamsOnly
+    from pipeline.train.algorithms.rounds import TimedLocalSGD
+    from pipeline.train.algorithms.slowmo import slowmo_for
     from pipeline.train.algorithms.swarm import SwarmSGD
     from pipeline.train.stragglers import StragglerConfig, StragglerSimulator
 
@@ -250,7 +289,7 @@ def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.12, slow_
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     base = SwarmSGD(m.parameters(), opt, comm, schedule="time", round_seconds=round_seconds, seed=9)
     sm = slowmo_for(base, None, tau=2, beta=0.5, alpha=1.0, average=True)
-    sm.averager = _WorldAverager(comm, m)
+    sm.averager = ParamsOnly(list(m.parameters()), comm)
     snaps = []
     while base.rounds_done < rounds:
         with sim.compute():
@@ -263,19 +302,61 @@ def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.12, slow_
     return out
 
 
-class _WorldAverager:
-    """Minimal ModelAverager (parameters only) for the SlowMo check."""
+REGISTRY_CASES = {
+    "swarm": ({"local_steps": 2}, "SwarmSGD"),
+    "dpsgd": ({}, "DPSGD"),
+    "easgd": ({"tau": 2}, "EASGD"),
+    "timed_local_sgd": ({"round_seconds": 60.0}, "TimedLocalSGD"),
+    "slowmo_dpsgd": ({"base": "dpsgd", "tau": 2}, "SlowMo"),
+    "slowmo_easgd_no_average": ({"base": "easgd", "tau": 2, "average": False}, "SlowMo"),
+    "slowmo_swarm": ({"base": "swarm", "base_params": {"local_steps": 2}, "tau": 4}, "SlowMo"),
+    "slowmo_timed_swarm": ({"base": "swarm", "base_params": {"schedule": "time", "round_seconds": 60.0}, "tau": 2},
+                           "RoundSlowMo"),
+}
 
-    momentum = "local"
 
-    def __init__(self, comm, model):
-        self.comm, self.params = comm, list(model.parameters())
+def registry_checks(backend: str, steps: int = 4) -> dict:
+    """Build every case of REGISTRY_CASES through the registry (BatchNorm model, averaging policy
+    average/reset), take ``steps`` steps from the same start with per-rank data; return the type,
+    whether the parameters moved, ``in_sync`` and the parameters (the parent compares ranks)."""
+    import torch
 
-    def tensors(self):
-        return [p.data for p in self.params]
+    from pipeline.train.algorithms import BuildContext, build_algorithm
+    from pipeline.train.algorithms.averaging import ModelAverager
+    from pipeline.train.comm import make_communicator
 
-    def momentum_state(self):
-        return []
+    torch.set_num_threads(1)
+    comm = make_communicator(backend)
+    out: dict[str, Any] = {"rank": comm.rank}
+    for case, (params, _) in REGISTRY_CASES.items():
+        name = "slowmo" if case.startswith("slowmo") else case
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ctx = BuildContext(model, opt, comm, ModelAverager(model, opt, comm, "average", "reset"), seed=3)
+        algo = build_algorithm(name, params, ctx)
+        algo.on_start()
+        start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+        g = torch.Generator().manual_seed(77 + comm.rank)
+        for _ in range(steps):
+            algo.zero_grad()
+            model(torch.randn(16, 4, generator=g)).pow(2).mean().backward()
+            algo.step()
+        x = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        out[case] = {"type": type(algo).__name__, "moved": float((x - start).abs().max()),
+                     "in_sync": bool(algo.in_sync()), "x": x.numpy().copy()}
+    comm.shutdown()
+    return out
 
-    def average_(self, group=None):
-        self.comm.allreduce_mean_(self.tensors(), group)
+
+def torch_backend_in_use(backend: str, device_kind: str = "cpu") -> str:
+    """The torch.distributed backend a ``backend`` communicator for ``device_kind`` tensors initialised."""
+    import torch.distributed as dist
+
+    from pipeline.train.comm import make_communicator
+
+    comm = make_communicator(backend, device_kind=device_kind)
+    try:
+        return str(dist.get_backend())
+    finally:
+        comm.shutdown()

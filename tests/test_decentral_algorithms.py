@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decentral_fixtures import algorithm_checks, run_horovod_workers, run_torch_workers
+from decentral_fixtures import _flat, _net, algorithm_checks, run_horovod_workers, run_torch_workers
 from pipeline.train.consensus import consensus_distance_of
 from pipeline.train.topology import check_partners, make_graph
 
@@ -104,18 +104,43 @@ def test_easgd_elastic_step(run, request):
         cb = res[0]["easgd"][s][1]
         xa = np.stack([x["easgd"][s][2] for x in res])
         ca = res[0]["easgd"][s][3]
+        assert all(x["easgd"][s][4] == ((s + 1) % 2 == 0) for x in res)  # elastic step every tau = 2 steps
         for x in res:  # every worker holds the same centre
             np.testing.assert_allclose(x["easgd"][s][3], ca, atol=1e-7)
-        if (s + 1) % 2 == 0:  # elastic step
+        if (s + 1) % 2 == 0:
             np.testing.assert_allclose(xa, xb - alpha * (xb - cb), atol=1e-6)
             np.testing.assert_allclose(ca, cb + world * alpha * (xb.mean(0) - cb), atol=1e-6)
             np.testing.assert_allclose(xa.sum(0) + ca, xb.sum(0) + cb, atol=1e-5)
             assert not np.allclose(ca, cb)
-        else:
-            np.testing.assert_array_equal(xa, xb)
-            np.testing.assert_array_equal(ca, cb)
-    # the centre starts at the world average of the initial models (not at any one of them)
-    assert not np.allclose(res[0]["easgd"][0][1], res[0]["easgd"][0][0])
+    # the centre starts at the world average of the initial models (computed here from their seeds)
+    init = np.stack([_flat(_net(500 + r)) for r in range(world)])
+    np.testing.assert_allclose(res[0]["easgd"][0][3], init.mean(0), atol=1e-6)
+    assert not np.allclose(init[0], init.mean(0))
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_swarm_uses_the_run_seed(run, request):
+    res = request.getfixturevalue(run)
+    topology = "complete" if run == "torch4" else "ring"
+    g = make_graph(topology, len(res))
+    for tag, seed in (("a", 1), ("b", 2), ("a2", 1)):
+        got = [[x["seeded_partners"][tag][r] for x in res] for r in range(8)]
+        assert got == [g.matching(seed, r) for r in range(8)], tag
+    seq = {tag: [x["seeded_partners"][tag] for x in res] for tag in ("a", "b", "a2")}
+    assert seq["a"] == seq["a2"] and seq["a"] != seq["b"]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_slowmo_x0_is_the_broadcast_start(run, request):
+    res = request.getfixturevalue(run)
+    init = np.stack([x["slowmo_x0"]["init"] for x in res])
+    np.testing.assert_array_equal(init, np.broadcast_to(init[0], init.shape))  # rank 0's weights everywhere
+    assert not np.allclose(init[0], _flat(_net(1100 + 1)))  # and the ranks really started apart
+    pre = np.stack([x["slowmo_x0"]["pre"] for x in res])
+    # alpha = 0.5, beta = 0.5, first outer step (u = 0): x = x0 - 0.5 * (x0 - mean(x_pre))
+    want = init[0] - 0.5 * (init[0] - pre.mean(0))
+    for x in res:
+        np.testing.assert_allclose(x["slowmo_x0"]["post"], want, atol=1e-6)
 
 
 @pytest.mark.parametrize("run", RUNS)

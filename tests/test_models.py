@@ -1,6 +1,7 @@
 """Models: shapes, sizes and the particle-sequence masking."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pipeline.train.models import (HLFClassifier, InclusiveClassifier, LeNet5, ParticleGRU, ResNet20,
@@ -60,7 +61,21 @@ def test_inclusive_classifier_concatenates_hlf():
     assert out.shape == (2, 3) and not torch.allclose(m(x, n, h2)[0], out[0])
 
 
-def test_build_model_names():
-    for name, shape, classes in (("lenet5", {"channels": 1, "height": 28, "width": 28}, 10), ("resnet20", {}, 10),
-                                 ("hlf", {}, 3), ("gru", {}, 3), ("inclusive", {}, 3)):
-        assert isinstance(build_model(name, classes, shape), torch.nn.Module)
+@pytest.mark.parametrize("name,shape,classes,inputs,cls", [
+    ("lenet5", {"channels": 1, "height": 8, "width": 8}, 10, lambda: (torch.zeros(2, 1, 8, 8),), LeNet5),
+    ("resnet20", {"channels": 3}, 10, lambda: (torch.zeros(2, 3, 32, 32),), ResNet20),
+    ("hlf", {}, 4, lambda: (torch.zeros(2, 14),), HLFClassifier),
+    ("gru", {}, 3, lambda: (torch.zeros(2, 801, 19), torch.tensor([3, 9])), ParticleGRU),
+    ("inclusive", {}, 3, lambda: (torch.zeros(2, 801, 19), torch.tensor([3, 9]), torch.zeros(2, 14)),
+     InclusiveClassifier),
+])
+def test_build_model_by_name_gives_that_model_with_the_asked_classes(name, shape, classes, inputs, cls):
+    m = build_model(name, classes, shape).eval()
+    assert type(m) is cls
+    with torch.no_grad():
+        assert m(*inputs()).shape == (2, classes)
+
+
+def test_build_model_uses_the_shape():
+    assert n_params(build_model("lenet5", 10, {"channels": 3, "height": 32, "width": 32})) == \
+        n_params(LeNet5(3, 32, 32, 10)) != n_params(LeNet5(1, 28, 28, 10))

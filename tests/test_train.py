@@ -11,9 +11,11 @@ import torch
 from jobs.train import main as train_main
 from pipeline.errors import BadInputError, ConfigError
 from pipeline.train.config import TrainConfig
-from pipeline.train.launch import train
-from pipeline.train.loop import pick_device
+from pipeline.train.comm.device import device_kind, pick_device, torch_backend
+from pipeline.train.comm.local import LocalCommunicator
+from pipeline.train.launch import make_plan, train
 from pipeline.train.metrics import read_metrics
+from pipeline.train.worker import Worker
 from train_fixtures import write_digit_shards
 
 pytest_plugins = ["train_fixtures"]
@@ -25,7 +27,7 @@ pytest_plugins = ["train_fixtures"]
 def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path):
     out = tmp_path / "train"
     s = train(TrainConfig(manifest=str(digit_shards_2), output=str(out), launcher="horovod", epochs=3,
-                          batch_size=32, record_param_digests=True, checkpoint_every=10), spark)
+                          batch_size=32, debug={"record_param_digests": True}, checkpoint_every=10), spark)
     man = json.loads(digit_shards_2.read_text())
     spe = min(w["rows"] for w in man["workers"]) // 32
     assert s["steps"] == 3 * spe and s["workers"] == 2 and s["launcher"] == "horovod"
@@ -43,7 +45,7 @@ def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path
     assert json.loads((out / "summary.json").read_text())["test_accuracy"] == s["test_accuracy"]
     assert (out / "model.pt").is_file()
     ck = sorted(p.name for p in (tmp_path / "train-checkpoints").iterdir())
-    assert ck[0] == "step_00000010.pt" and ck[-1] == f"step_{s['steps']:08d}.pt"
+    assert ck[-1] == f"step_{s['steps']:08d}" and all(c.startswith("step_") for c in ck)
 
 
 @pytest.mark.cluster
@@ -52,15 +54,16 @@ def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path
 def test_resume_continues_like_an_uninterrupted_run(tmp_path):
     man = write_digit_shards(tmp_path / "shards", workers=2, n_train=256, n_test=64, n_val=64, row_group_rows=32)
     base = dict(manifest=str(man), launcher="local", epochs=2, batch_size=16, optimizer="sgd", lr=0.05,
-                algorithm={"name": "local_sgd", "params": {"period": 3}}, checkpoint_every=5, progress=False)
+                algorithm={"name": "local_sgd", "params": {"period": 3}}, checkpoint_every=5, progress=False,
+                max_restarts=0)
     ref = train(TrainConfig(output=str(tmp_path / "ref"), **base))
     assert ref["steps"] == 16
-    crashed = TrainConfig(output=str(tmp_path / "run"), fail_at_step=12, **base)
-    with pytest.raises(RuntimeError, match="fail_at_step=12"):
+    crashed = TrainConfig(output=str(tmp_path / "run"), debug={"fail_at_step": 12}, **base)
+    with pytest.raises(Exception, match="fail_at_step=12|worker process died"):
         train(crashed)
     assert not (tmp_path / "run").exists()  # no partial output
-    assert sorted(p.name for p in (tmp_path / "run-checkpoints").iterdir()) == ["step_00000005.pt", "step_00000010.pt"]
-    resumed = train(crashed.model_copy(update={"fail_at_step": None, "resume": True}))
+    assert sorted(p.name for p in (tmp_path / "run-checkpoints").iterdir()) == ["step_00000005", "step_00000010"]
+    resumed = train(crashed.model_copy(update={"debug": {}, "resume": True}))
     assert resumed["final_digests"] == ref["final_digests"]
     assert resumed["test_accuracy"] == ref["test_accuracy"]
     a = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
@@ -68,7 +71,7 @@ def test_resume_continues_like_an_uninterrupted_run(tmp_path):
     assert [(r["step"], r["accuracy"], r["loss"]) for r in a] == [(r["step"], r["accuracy"], r["loss"]) for r in b]
     # a resume under a changed config is refused, naming the value
     with pytest.raises(ConfigError, match="lr=0.1"):
-        train(crashed.model_copy(update={"fail_at_step": None, "resume": True, "lr": 0.1}))
+        train(crashed.model_copy(update={"debug": {}, "resume": True, "lr": 0.1}))
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +124,80 @@ def test_dry_run_prints_the_plan(small_shards, capsys):
 def test_help_lists_the_options():
     r = subprocess.run([sys.executable, "-m", "jobs.train", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--launcher" in r.stdout and "--algorithm.name" in r.stdout
+    assert "--debug.fail_at_step" in r.stdout
 
 
-def test_device_selection():
-    dev = pick_device("auto", 0)
-    assert dev.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert pick_device("cpu", 0).type == "cpu"
-    if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="device='cuda'"):
-            pick_device("cuda", 0)
+def test_help_lists_every_registered_algorithm():
+    from pipeline.train.algorithms import REGISTRY
+
+    r = subprocess.run([sys.executable, "-m", "jobs.train", "--help"], capture_output=True, text=True)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and all(name in text for name in REGISTRY), text
+
+
+@pytest.mark.parametrize("requested,cuda,assigned,local_rank,count,want", [
+    ("auto", False, None, 0, 0, "cpu"),
+    ("cpu", True, 1, 0, 2, "cpu"),           # device=cpu on a GPU host stays on the CPU
+    ("auto", True, None, 3, 2, "cuda:1"),    # no Spark assignment: local rank modulo the devices
+    ("auto", True, 1, 0, 2, "cuda:1"),       # the GPU Spark assigned to the task wins
+    ("cuda", True, 0, 1, 2, "cuda:0"),
+])
+def test_device_resolution(requested, cuda, assigned, local_rank, count, want):
+    dev = pick_device(requested, cuda_available=cuda, local_rank=local_rank, device_count=count, assigned_gpu=assigned)
+    assert str(dev) == want
+
+
+def test_device_errors_and_backend_follows_the_device():
+    with pytest.raises(ConfigError, match="device='cuda'"):
+        pick_device("cuda", cuda_available=False)
+    with pytest.raises(ConfigError, match="assigned GPU 3"):
+        pick_device("auto", cuda_available=True, device_count=2, assigned_gpu=3)
+    assert torch_backend(device_kind("cpu", cuda_available=True)) == "gloo"
+    assert torch_backend(device_kind("auto", cuda_available=True)) == "nccl"
+    assert torch_backend(device_kind("auto", cuda_available=False)) == "gloo"
+
+
+def test_torch_communicator_for_cpu_tensors_is_gloo():
+    from decentral_fixtures import run_torch_workers, torch_backend_in_use
+
+    assert run_torch_workers(torch_backend_in_use, 1, "cpu") == ["gloo"]
+
+
+def _easgd_worker(tmp_path, evaluate: str) -> Worker:
+    man = write_digit_shards(tmp_path / "shards", workers=1, n_train=96, n_test=32, n_val=32, row_group_rows=32)
+    cfg = TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="local", epochs=1, batch_size=16,
+                      optimizer="sgd", lr=0.05, progress=False,
+                      algorithm={"name": "easgd", "params": {"tau": 2, "alpha": 0.3, "evaluate": evaluate}})
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = {**make_plan(cfg), "resume_from": None}
+    return Worker(cfg, LocalCommunicator(), plan, str(out), str(tmp_path / "ck"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("evaluate", ["average", "center"])
+def test_easgd_evaluates_the_configured_model(tmp_path, evaluate):
+    w = _easgd_worker(tmp_path, evaluate)
+    w.start(resume=False)
+    with w.batches(0, limit=4) as batches:
+        for inputs, y in batches:
+            w.train_step(inputs, y, lr_step=w.step)
+    assert w.step == 4
+    own = [p.detach().clone() for p in w.model.parameters()]
+    centre = w.algo.centre_tensors()[:len(own)]
+    assert all(not torch.allclose(a, c) for a, c in zip(own, centre))  # the elastic steps kept them apart
+    with w.evaluation_weights():
+        inside = [p.detach().clone() for p in w.model.parameters()]
+    for got, want in zip(inside, centre if evaluate == "center" else own):  # world 1: the average is own
+        assert torch.equal(got, want)
+    assert all(torch.equal(a, p) for a, p in zip(own, w.model.parameters()))  # restored after evaluation
+    s = w.finish(log_val=False)
+    final = list(w.model.parameters())
+    for got, want in zip(final, centre if evaluate == "center" else own):  # the final model follows the choice
+        assert torch.equal(got, want)
+    if evaluate == "average":
+        assert 0.0 <= s["centre_test_accuracy"] <= 1.0
+    else:
+        assert "centre_test_accuracy" not in s
 
 
 def test_report_plots_learning_curves(tmp_path):

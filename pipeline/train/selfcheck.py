@@ -18,19 +18,20 @@ Checks (each a function ``check_<name>(comm, device) -> dict``):
 * ``hierarchical``: (4 workers) which groups each averaging used, per step.
 * ``seeded_run``: parameters after a short seeded run (AR-SGD then local SGD), to compare
   backends.
-* ``one_step``: one training step of every registered algorithm on this device.
+* ``one_step``: two training steps of every synchronous algorithm on this device, from the
+  same start on every rank with different data per rank: whether the parameters moved, and
+  their digest (ranks of an algorithm that is in sync after the step must agree).
 
-The torch backend runs on ``cuda:<local rank>`` (NCCL) when CUDA is available.
+The torch backend follows the resolved device (``comm.device``): NCCL on CUDA, gloo on CPU.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .algorithms import REGISTRY, BuildContext, build_algorithm
+from .algorithms import BuildContext, build_algorithm
 from .algorithms.arsgd import ARSGD
 from .algorithms.averaging import ModelAverager
 from .algorithms.base import Algorithm
@@ -39,6 +40,8 @@ from .algorithms.local_sgd import LocalSGD
 from .algorithms.slowmo import SlowMo
 from .comm import make_communicator
 from .comm.base import Communicator, Group
+from .comm.device import current_device, device_kind
+from .digest import param_digest
 
 D_IN, D_HID, D_OUT = 5, 8, 3
 
@@ -59,7 +62,7 @@ def flat(model) -> torch.Tensor:
 
 
 def digest(model) -> str:
-    return hashlib.sha1(flat(model).numpy().tobytes()).hexdigest()
+    return param_digest(model.parameters())
 
 
 def sgd(model, lr=0.1, momentum=0.9):
@@ -228,6 +231,7 @@ def check_slowmo(comm: Communicator, device) -> dict:
     m = mlp(device)
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
     s = SlowMo(ARSGD(m.parameters(), opt, comm), ModelAverager(m, opt, comm), tau=1, beta=beta, alpha=alpha)
+    s.on_start()
     ref = [p.detach().clone() for p in m.parameters()]
     ref_opt = torch.optim.SGD(ref, lr=alpha, momentum=beta)
     errs = []
@@ -288,21 +292,33 @@ def check_seeded_run(comm: Communicator, device) -> dict:
     return {"params": flat(m).tolist(), "digests": comm.allgather_object(digest(m))}
 
 
+ONE_STEP_PARAMS = {"arsgd": {}, "dpsgd": {}, "local_sgd": {"period": 2}, "post_local_sgd": {"period": 1, "switch_step": 1},
+                   "hierarchical": {"household_period": 1, "neighbourhood_period": 2, "world_period": 3,
+                                    "household_size": 1},
+                   "slowmo": {"base": "local_sgd", "base_params": {"period": 2}, "tau": 2},
+                   "swarm": {"local_steps": 2}, "easgd": {"tau": 2}, "timed_local_sgd": {"round_seconds": 60}}
+
+
 def check_one_step(comm: Communicator, device) -> dict:
-    """One step of every registered algorithm (decentralized ones included) on ``device``."""
+    """Two steps of every synchronous algorithm (``ONE_STEP_PARAMS``; asynchronous ones run their
+    own threads and have their own checks) on ``device``: did the parameters move, are the ranks
+    in sync (``in_sync``), and the digest of the parameters (to compare across ranks)."""
     r, M, b = comm.rank, comm.world_size, 4
-    X, Y = data(M * b, device)
+    X, Y = data(M * b * 2, device)
     res = {}
-    for name in sorted(REGISTRY):
+    for name in sorted(ONE_STEP_PARAMS):
         m = mlp(device)
+        start = flat(m)
         opt = sgd(m)
         try:
-            algo = build_algorithm(name, {}, BuildContext(m, opt, comm, ModelAverager(m, opt, comm),
-                                                          groups=[{} for _ in range(M)]))
-            train_steps(algo, m, X, Y, 1, b, r, M)
-            res[name] = {"ok": bool(torch.isfinite(flat(m)).all()), "device": str(next(m.parameters()).device)}
+            algo = build_algorithm(name, ONE_STEP_PARAMS.get(name, {}),
+                                   BuildContext(m, opt, comm, ModelAverager(m, opt, comm), groups=[{} for _ in range(M)]))
+            algo.on_start()
+            train_steps(algo, m, X, Y, 2, b, r, M)
+            res[name] = {"moved": float((flat(m) - start).abs().max()), "in_sync": bool(algo.in_sync()),
+                         "digest": digest(m), "device": str(next(m.parameters()).device)}
         except Exception as e:  # noqa: BLE001 - reported, the caller decides
-            res[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
     return res
 
 
@@ -314,12 +330,11 @@ def run_checks(backend: str, checks: list[str], bucket_bytes: int = 256) -> dict
     """Worker function: run ``checks`` with a real ``backend`` communicator; per-rank results
     are gathered, so rank 0's return value holds every rank's (TorchDistributor returns only it)."""
     torch.set_num_threads(1)
-    comm = make_communicator(backend, bucket_bytes=bucket_bytes)
+    requested = "auto" if backend == "torch" else "cpu"
+    comm = make_communicator(backend, bucket_bytes=bucket_bytes,
+                             device_kind=device_kind(requested, torch.cuda.is_available()))
     try:
-        device = torch.device("cpu")
-        if torch.cuda.is_available() and backend == "torch":
-            device = torch.device("cuda", comm.local_rank % torch.cuda.device_count())
-            torch.cuda.set_device(device)
+        device = current_device(requested, comm.local_rank)
         mine = {"rank": comm.rank, "world": comm.world_size, "device": str(device)}
         for name in checks:
             mine[name] = CHECKS[name](comm, device)
@@ -328,8 +343,10 @@ def run_checks(backend: str, checks: list[str], bucket_bytes: int = 256) -> dict
         comm.shutdown()
 
 
-def launch_checks(launcher: str, workers: int, checks: list[str], spark=None, torch_local_mode: bool = False) -> list[dict]:
-    """Run ``run_checks`` on ``workers`` processes with a Spark launcher; every rank's results."""
+def launch_checks(launcher: str, workers: int, checks: list[str], spark=None, torch_local_mode: bool = False,
+                  use_gpu: bool = False) -> list[dict]:
+    """Run ``run_checks`` on ``workers`` processes with a Spark launcher; every rank's results.
+    ``use_gpu`` asks TorchDistributor for GPUs (from the caller's choice, not the driver's CUDA)."""
     if launcher == "horovod":
         import horovod.spark
 
@@ -339,7 +356,7 @@ def launch_checks(launcher: str, workers: int, checks: list[str], spark=None, to
     from pyspark.ml.torch.distributor import TorchDistributor
 
     res = TorchDistributor(num_processes=workers, local_mode=torch_local_mode,
-                           use_gpu=torch.cuda.is_available()).run(run_checks, "torch", checks)
+                           use_gpu=use_gpu).run(run_checks, "torch", checks)
     return res["ranks"]
 
 
@@ -353,10 +370,12 @@ def main(argv=None) -> int:
     p.add_argument("--launcher", choices=["horovod", "torch"], default="torch")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--local-mode", action="store_true", help="TorchDistributor local_mode")
+    p.add_argument("--gpu", action="store_true", help="TorchDistributor use_gpu (one GPU per process)")
     p.add_argument("--checks", default="comm,arsgd,local_sgd,slowmo,seeded_run,one_step")
     a = p.parse_args(argv)
     get_spark()
-    ranks = launch_checks(a.launcher, a.workers, a.checks.split(","), torch_local_mode=a.local_mode)
+    ranks = launch_checks(a.launcher, a.workers, a.checks.split(","), torch_local_mode=a.local_mode,
+                          use_gpu=a.gpu)
     print(json.dumps(ranks[0], indent=1, default=str))
     return 0
 

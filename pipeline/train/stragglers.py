@@ -1,11 +1,13 @@
 """Straggler simulator: make chosen workers slow, on purpose and reproducibly.
 
 Real clusters have slow and unequal workers; decentralized and time-budgeted algorithms are
-meant to tolerate them. To measure that on one machine, the training loop wraps each
-worker's compute step (forward, backward, optimizer step) in :meth:`StragglerSimulator.compute`::
+meant to tolerate them. To measure that on one machine, the worker wraps each step's
+compute (forward and backward) in :meth:`StragglerSimulator.compute`::
 
     with stragglers.compute():
-        loss = step(batch)
+        loss = F.cross_entropy(model(*inputs), y)
+        loss.backward()
+    algo.step()            # optimizer step and communication: outside, not slowed down
 
 After the wrapped block the simulator sleeps for
 
@@ -19,8 +21,8 @@ the other workers on the same machine, which a busy loop would do on a small hos
 
 The random delays come from ``numpy.random.default_rng([seed, rank])`` with exactly one draw
 per step, delayed or not, so the sequence of delayed steps of a worker is a pure function of
-(seed, rank, step) and a rerun reproduces it. Communication time is not touched: only the
-compute step is wrapped.
+(seed, rank, step) and a rerun reproduces it. The optimizer step and communication are not
+touched: only forward and backward are wrapped.
 """
 from __future__ import annotations
 
