@@ -39,6 +39,17 @@ def _paths(root: Path) -> dict:
     return {"dataset": root / "dataset", "shards": root / "shards", "train": root / "train"}
 
 
+def images_stage_configs(cfg: ImagesRunConfig, p: dict) -> dict:
+    """Every stage's config for one images run, with paths from ``p`` (dataset, shards, train)."""
+    return {
+        "ingest": cfg.ingest.model_copy(update={"output": str(p["dataset"])}),
+        "shard": cfg.shard.model_copy(update={"input": str(p["dataset"]), "output": str(p["shards"]),
+                                              "workers": cfg.workers}),
+        "train": cfg.train.model_copy(update={"manifest": str(p["shards"] / "manifest.json"),
+                                              "output": str(p["train"]), "workers": cfg.workers}),
+    }
+
+
 def plan_run_images(cfg: ImagesRunConfig) -> dict:
     p = _paths(local_path(cfg.output_root))
     return {"stages": ["ingest_images", "shard", "train"], "source": cfg.ingest.source,
@@ -53,16 +64,11 @@ def run_images(cfg: ImagesRunConfig, spark=None) -> dict:
     root = local_path(cfg.output_root)
     p = _paths(root)
     spark = spark or get_spark(cfg.spark)
-
-    ingest_cfg = cfg.ingest.model_copy(update={"output": str(p["dataset"])})
-    ing = ingest_images(ingest_cfg, spark)
-
-    shard_cfg = cfg.shard.model_copy(update={"input": str(p["dataset"]), "output": str(p["shards"]),
-                                             "workers": cfg.workers})
+    stages = images_stage_configs(cfg, p)
+    ing = ingest_images(stages["ingest"], spark)
+    shard_cfg = stages["shard"]
     sh = shard(shard_cfg, spark)
-
-    train_cfg = cfg.train.model_copy(update={"manifest": str(p["shards"] / "manifest.json"),
-                                             "output": str(p["train"]), "workers": cfg.workers})
+    train_cfg = stages["train"]
     tr = train(train_cfg, spark)
 
     summary = {

@@ -1,0 +1,182 @@
+"""A study's cells and the resolved run config of every cell x seed, checked before anything runs.
+
+A cell is one combination of factor values: the product of the grid's values, crossed with the
+named variants when both are given. Every cell's config is built from, in order: the workflow's
+defaults, the ``base`` YAML, ``fixed``, the variant's ``set``, the grid values and the seed keys,
+and validated with the workflow's pydantic model, so an unknown key or a bad value is one
+:class:`~pipeline.errors.ConfigError` naming the factor, before any data is touched.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..config import _set_dotted, build_config, read_yaml
+from ..errors import ConfigError, PipelineError
+from ..workflows import HepRunConfig, ImagesRunConfig
+from .spec import TARGET_METRICS, StudyConfig
+
+RUN_CONFIGS = {"images": ImagesRunConfig, "hep": HepRunConfig}
+VARIANT = "variant"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of factor values."""
+
+    name: str                       # human label, e.g. "variant=slowmo, workers=4"
+    factors: dict                   # factor column -> value (grid keys and "variant")
+    overrides: dict                 # dotted key -> value applied on top of base + fixed
+    key: str = field(default="")    # directory-safe id: slug + hash of the overrides
+
+    def matches(self, sel: dict) -> bool:
+        return all(k in self.factors and _same(self.factors[k], v) for k, v in sel.items())
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def digest(obj: Any, n: int = 10) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
+def _fmt(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text.replace("=", "-")).strip("_")[:60] or "cell"
+
+
+def apply_overrides(data: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(data)
+    for k, v in overrides.items():
+        _set_dotted(out, k, copy.deepcopy(v))
+    return out
+
+
+def expand_cells(spec: StudyConfig) -> list[Cell]:
+    """The study's cells in a stable order (variants outermost, then the grid's keys as written)."""
+    f = spec.factors
+    if not f.grid and not f.variants:
+        raise ConfigError(f"study {spec.name}: empty factors (give factors.grid and/or factors.variants)")
+    for k, vals in f.grid.items():
+        if not vals:
+            raise ConfigError(f"study {spec.name}: factors.grid.{k} is an empty list of values")
+        if len({_fmt(v) for v in vals}) != len(vals):
+            raise ConfigError(f"study {spec.name}: factors.grid.{k} repeats a value")
+    names = [v.name for v in f.variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"study {spec.name}: factors.variants repeats a name")
+    for v in f.variants:
+        both = sorted(set(v.set) & set(f.grid))
+        if both:
+            raise ConfigError(f"study {spec.name}: key {both[0]!r} is set by variant {v.name!r} and by the grid")
+    keys = list(f.grid)
+    variants = f.variants or [None]
+    cells = []
+    for var in variants:
+        for combo in itertools.product(*(f.grid[k] for k in keys)):
+            factors: dict = {}
+            overrides: dict = {}
+            label = []
+            if var is not None:
+                factors[VARIANT] = var.name
+                overrides.update(var.set)
+                label.append(var.name)
+            for k, v in zip(keys, combo):
+                factors[k] = v
+                overrides[k] = v
+                label.append(f"{k.rsplit('.', 1)[-1]}={_fmt(v)}")
+            name = ", ".join(label)
+            cells.append(Cell(name, factors, overrides, f"{_slug('_'.join(label))}-{digest(overrides, 6)}"))
+    return cells
+
+
+def find_baseline(spec: StudyConfig, cells: list[Cell]) -> Cell:
+    sel = spec.baseline
+    if sel is None:
+        return cells[0]
+    if isinstance(sel, str):
+        hits = [c for c in cells if c.name == sel or (c.factors.get(VARIANT) == sel)]
+    else:
+        hits = [c for c in cells if c.matches(sel)]
+    if len(hits) != 1:
+        what = "is not a cell of the study" if not hits else f"matches {len(hits)} cells"
+        raise ConfigError(f"study {spec.name}: baseline {_fmt(sel)} {what} (cells: {'; '.join(c.name for c in cells)})")
+    return hits[0]
+
+
+def base_data(base: Optional[str], fixed: dict) -> dict:
+    """The ``base`` YAML (if any) with the ``fixed`` overrides applied."""
+    data = read_yaml(base) if base else {}
+    return apply_overrides(data, fixed)
+
+
+@dataclass
+class StudyPlan:
+    """Everything a study will run, resolved and validated."""
+
+    spec: StudyConfig
+    cells: list[Cell]
+    baseline: Cell
+    seeds: list[int]
+    base: dict                      # base YAML + fixed, as a dict
+    configs: dict = field(default_factory=dict)   # (cell.key, seed) -> run config model
+
+    @property
+    def runs(self) -> list[tuple[Cell, int]]:
+        return [(c, s) for c in self.cells for s in self.seeds]
+
+    def config(self, cell: Cell, seed: int):
+        return self.configs[(cell.key, seed)]
+
+
+def _build(cls, data: dict, where: str):
+    try:
+        return build_config(cls, data)
+    except PipelineError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def resolve_run(spec: StudyConfig, base: dict, cell: Cell, seed: int, where: Optional[str] = None):
+    """The workflow run config of one cell and seed (ConfigError naming the cell on bad input)."""
+    cls = RUN_CONFIGS[spec.workflow]
+    seeds = {k: seed for k in spec.seed_keys}
+    cfg = _build(cls, apply_overrides(base, {**cell.overrides, **seeds}),
+                 where or f"study {spec.name}: cell {cell.name!r} seed {seed}")
+    shard = cfg.shard.model_copy(update={"workers": cfg.workers})
+    try:
+        shard.layout()  # impossible layouts (H not dividing M, ...) before anything starts
+    except PipelineError as e:
+        raise ConfigError(f"study {spec.name}: cell {cell.name!r}: {e}") from None
+    return cfg
+
+
+def plan_study(spec: StudyConfig) -> StudyPlan:
+    """Expand and validate the whole study; raises ConfigError naming the first bad item."""
+    cls = RUN_CONFIGS[spec.workflow]
+    base = base_data(spec.base, spec.fixed)
+    _build(cls, base, f"study {spec.name}: base {spec.base or '(defaults)'} + fixed")
+    for k in spec.seed_keys:
+        _build(cls, apply_overrides(base, {k: 0}), f"study {spec.name}: seed_keys {k!r}")
+    for k, vals in spec.factors.grid.items():  # each factor value alone: the error names the factor
+        for v in vals:
+            _build(cls, apply_overrides(base, {k: v}), f"study {spec.name}: factor {k}={_fmt(v)}")
+    for var in spec.factors.variants:
+        _build(cls, apply_overrides(base, var.set), f"study {spec.name}: variant {var.name!r}")
+    if spec.target_accuracy is None:
+        need = [m for m in spec.metrics if m in TARGET_METRICS]
+        if need:
+            raise ConfigError(f"study {spec.name}: metric {need[0]!r} needs target_accuracy")
+    cells = expand_cells(spec)
+    plan = StudyPlan(spec, cells, find_baseline(spec, cells), spec.seed_list(), base)
+    for cell, seed in plan.runs:
+        plan.configs[(cell.key, seed)] = resolve_run(spec, base, cell, seed)
+    return plan

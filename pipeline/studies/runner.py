@@ -1,0 +1,332 @@
+"""Run a study: every cell x seed through the real stages and launchers, then statistics, report,
+plots and MLflow.
+
+Output directory (``output``, default ``runs/studies/<name>``)::
+
+    study.json                 the resolved study: cells, seeds, baseline
+    data/<stage>-<key>/        datasets and shards, one per distinct stage config (``data_dir``)
+    runs/<cell>/seed_<s>/      run.json (the resolved config), train/ (summary.json, metrics.jsonl,
+                               model.pt), learning_curve.png, mlflow_run.json
+    results.parquet            one row per run: factors, seed, metrics
+    stats.parquet              per cell and metric: n, mean, std, 95% CI, Welch p against the baseline
+    report.md, plots/*.png
+    mlruns/                    the MLflow file store (unless tracking.uri is set)
+
+Data stages are keyed by a hash of their config (inputs included, output excluded), so a
+dataset or a shard layout is materialised once and reused by every cell, seed and rerun that
+needs the same one. Cells run one after another (each needs the whole machine). A run is
+finished when its ``train/summary.json`` exists (training writes its output atomically) and its
+``run.json`` holds the same config; a rerun of the study skips finished runs, so an interrupted
+study resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..outputs import local_path, read_json, write_json
+from .grid import Cell, StudyPlan, digest, plan_study
+from .spec import METRICS, StudyConfig
+
+log = logging.getLogger(__name__)
+
+STAGE_OUT = {"simulate": "simulated", "ingest": "events", "features": "features", "shard": "shards"}
+
+
+def study_dir(spec: StudyConfig) -> Path:
+    return local_path(spec.output or f"runs/studies/{spec.name}")
+
+
+def _stage_fns(workflow: str) -> list[tuple[str, str, Callable]]:
+    from ..shards.materialize import shard
+
+    if workflow == "images":
+        from ..ingest.images import ingest_images
+
+        return [("ingest", "dataset", ingest_images), ("shard", "shards", shard)]
+    from ..features.stage import build_features
+    from ..ingest.root import ingest_root
+    from ..simulate import generate
+
+    return [("simulate", "simulated", generate), ("ingest", "events", ingest_root),
+            ("features", "features", build_features), ("shard", "shards", shard)]
+
+
+def stage_configs(run_cfg, workflow: str, p: dict) -> dict:
+    from .. import workflows
+
+    if workflow == "images":
+        return workflows.images_stage_configs(run_cfg, p)
+    return workflows.hep_stage_configs(run_cfg.model_copy(update={"real_samples": False}), p)
+
+
+def _placeholder_paths(workflow: str) -> dict:
+    from .. import workflows
+
+    none = Path("/nonexistent")
+    return workflows._paths(none) if workflow == "images" else workflows._hep_paths(none)
+
+
+def stage_key(stage_cfg) -> str:
+    return digest(stage_cfg.model_dump(mode="json", exclude={"output", "spark"}))
+
+
+def data_paths(run_cfg, workflow: str, data_root: Path) -> tuple[dict, list[tuple[str, Any, Path]]]:
+    """Keyed stage outputs for one run config: (paths, [(stage, stage config, output dir)])."""
+    p = _placeholder_paths(workflow)
+    todo = []
+    for name, pkey, _ in _stage_fns(workflow):
+        cfg = stage_configs(run_cfg, workflow, p)[name]
+        out = data_root / f"{name}-{stage_key(cfg)}"
+        p[pkey] = out
+        todo.append((name, cfg.model_copy(update={"output": str(out)}), out))
+    return p, todo
+
+
+def prepare_data(run_cfg, workflow: str, data_root: Path, spark) -> dict:
+    """Materialise the data stages a run needs (each only once); returns the stage paths."""
+    fns = {name: fn for name, _, fn in _stage_fns(workflow)}
+    p, todo = data_paths(run_cfg, workflow, data_root)
+    for name, cfg, out in todo:
+        if out.is_dir():
+            continue
+        log.info("study: %s -> %s", name, out)
+        fns[name](cfg, spark)
+    return p
+
+
+def _run_fingerprint(run_cfg) -> dict:
+    return run_cfg.model_dump(mode="json", exclude={"output_root", "spark"})
+
+
+def run_dir(out: Path, cell: Cell, seed: int) -> Path:
+    return out / "runs" / cell.key / f"seed_{seed}"
+
+
+def is_finished(rdir: Path, run_cfg) -> bool:
+    f = rdir / "run.json"
+    return ((rdir / "train" / "summary.json").is_file() and f.is_file()
+            and read_json(f).get("config") == _run_fingerprint(run_cfg))
+
+
+def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path, spark) -> dict:
+    """Prepare the data of one run (cached) and train it; returns the training summary."""
+    from ..train.launch import checkpoint_dir, train
+
+    spec = plan.spec
+    run_cfg = plan.config(cell, seed)
+    rdir = run_dir(out, cell, seed)
+    p = prepare_data(run_cfg, spec.workflow, data_root, spark)
+    p["train"] = rdir / "train"
+    train_cfg = stage_configs(run_cfg, spec.workflow, p)["train"]
+    if rdir.exists():
+        shutil.rmtree(rdir)  # an unfinished or outdated run starts again from scratch
+    write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
+                                   "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
+    summary = train(train_cfg, spark)
+    shutil.rmtree(checkpoint_dir(train_cfg), ignore_errors=True)  # a finished run needs no checkpoints
+    return summary
+
+
+def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path) -> dict:
+    from .results import run_metrics
+
+    rdir = run_dir(out, cell, seed)
+    row: dict = {"study": plan.spec.name, "cell": cell.name, "cell_key": cell.key, "seed": seed,
+                 "baseline": cell.key == plan.baseline.key}
+    row.update({k: v for k, v in cell.factors.items()})
+    row.update(run_metrics(rdir / "train", plan.spec.target_accuracy))
+    row["run_dir"] = str(rdir)
+    return row
+
+
+def results_frame(rows: list[dict]):
+    """results.parquet as a DataFrame; factor values of mixed types become strings."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for col in df.columns:
+        types = {type(v) for v in df[col] if v is not None}
+        if len(types) > 1 and not types <= {int, float}:
+            df[col] = df[col].map(lambda v: v if isinstance(v, str) else str(v))
+        elif types and not types <= {int, float, bool, str}:
+            df[col] = df[col].map(str)
+    return df
+
+
+def _write_parquet(df, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+class _Tracker:
+    """MLflow for a study, or nothing when tracking is disabled."""
+
+    def __init__(self, plan: StudyPlan, out: Path):
+        self.parent = None
+        spec = plan.spec
+        if not spec.tracking.enabled:
+            return
+        from .tracking import ParentRun, store_uri
+
+        uri = store_uri(spec.tracking.uri, out / "mlruns")
+        params = {"workflow": spec.workflow, "base": spec.base or "", "seeds": plan.seeds,
+                  "cells": len(plan.cells), "baseline": plan.baseline.name, "metrics": spec.metrics,
+                  "target_accuracy": spec.target_accuracy, "factors": list(plan.cells[0].factors)}
+        self.parent = ParentRun(uri, spec.tracking.experiment or spec.name, spec.name, out / "mlflow_study.json",
+                                params, {"pipeline.study": spec.name, "pipeline.output": str(out)})
+        self.uri = uri
+
+    def child(self, plan: StudyPlan, cell: Cell, seed: int, out: Path, row: dict) -> None:
+        if self.parent is None:
+            return
+        from .tracking import train_params
+
+        rdir = run_dir(out, cell, seed)
+        cfg = plan.config(cell, seed)
+        params = {**{f"factor.{k}": v for k, v in cell.factors.items()}, "cell": cell.name, "seed": seed,
+                  "workers": cfg.workers, **{f"train.{k}": v for k, v in train_params(cfg.train).items()}}
+        if plan.spec.workflow == "images":
+            params["shard.scheme"] = cfg.shard.scheme
+        metrics = {k: v for k, v in row.items() if k in METRICS or k.startswith("test_auc_")}
+        self.parent.child(rdir / "mlflow_run.json", f"{cell.name} / seed {seed}", params, metrics, rdir / "train",
+                          {"pipeline.cell": cell.name, "pipeline.seed": str(seed), "pipeline.study": plan.spec.name})
+
+    def discard(self, out: Path, cell: Cell, seed: int) -> None:
+        if self.parent is not None:
+            self.parent.discard(run_dir(out, cell, seed) / "mlflow_run.json")
+
+    def finish(self, artifacts: list[Path], status: str = "FINISHED") -> None:
+        if self.parent is not None:
+            self.parent.finish(artifacts, status=status)
+
+
+def run_study(spec: StudyConfig, spark=None) -> dict:
+    """Run (or resume) the whole study; returns a summary with the paths and what ran."""
+    from ..spark import get_spark
+
+    t0 = time.time()
+    plan = plan_study(spec)
+    out = study_dir(spec)
+    data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "study.json", plan_summary(plan))
+    tracker = _Tracker(plan, out)
+    spark = spark or get_spark(spec.spark)
+    trained, skipped, rows = [], [], []
+    try:
+        for i, (cell, seed) in enumerate(plan.runs, 1):
+            tag = f"[study {spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
+            if is_finished(run_dir(out, cell, seed), plan.config(cell, seed)):
+                skipped.append((cell.name, seed))
+                log.info("%s: finished earlier, skipped", tag)
+            else:
+                t1 = time.time()
+                tracker.discard(out, cell, seed)
+                s = train_one(plan, cell, seed, out, data_root, spark)
+                trained.append((cell.name, seed))
+                log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
+            rows.append(result_row(plan, cell, seed, out))
+            tracker.child(plan, cell, seed, out, rows[-1])
+        artifacts = write_outputs(plan, rows, out)
+    except BaseException:
+        tracker.finish([], status="FAILED")
+        raise
+    tracker.finish(artifacts)
+    summary = {"study": spec.name, "output": str(out), "runs": len(plan.runs), "trained": trained,
+               "skipped": skipped, "seconds": round(time.time() - t0, 1),
+               "results": str(out / "results.parquet"), "report": str(out / "report.md"),
+               "mlflow": getattr(tracker, "uri", None), "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
+    print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
+          f"earlier) in {summary['seconds']:.0f} s -> {out / 'report.md'}", flush=True)
+    return summary
+
+
+def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
+    """results.parquet, stats.parquet, report.md and the plots; returns their paths."""
+    from ..report.study import markdown_report
+    from .stats import cell_stats
+
+    spec = plan.spec
+    df = results_frame(rows)
+    _write_parquet(df, out / "results.parquet")
+    stats = cell_stats(df, spec.metrics, plan.baseline.name)
+    _write_parquet(stats, out / "stats.parquet")
+    plots = write_plots(plan, df, out) if spec.plots else []
+    cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds)} for c in plan.cells]
+    md = markdown_report(f"Study {spec.name}", _intro(plan), cells, stats, {m: METRICS[m] for m in spec.metrics},
+                         [str(p.relative_to(out)) for p in plots])
+    tmp = out / ".report.md.tmp"
+    tmp.write_text(md)
+    tmp.replace(out / "report.md")
+    return [out / "results.parquet", out / "stats.parquet", out / "report.md", *plots]
+
+
+def _intro(plan: StudyPlan) -> list[str]:
+    spec = plan.spec
+    lines = [spec.description, ""] if spec.description else []
+    if spec.claim:
+        lines += [f"Claim tested: {spec.claim}", ""]
+    lines += [f"- workflow: {spec.workflow}, base: {spec.base or '(defaults)'}, "
+              f"fixed: {json.dumps(spec.fixed, default=str)}",
+              f"- seeds: {plan.seeds} (into {', '.join(spec.seed_keys)})",
+              f"- baseline cell: {plan.baseline.name}",
+              "- statistics over seeds: mean ± sample std, 95% CI of the mean (Student's t), two-sided "
+              "Welch's t-test p-value against the baseline cell"]
+    if spec.target_accuracy is not None:
+        lines.append(f"- target validation accuracy: {spec.target_accuracy}")
+    return lines
+
+
+def write_plots(plan: StudyPlan, df, out: Path) -> list[Path]:
+    from ..report.study import plot_learning_curves, plot_speedup
+    from .results import load_curve
+
+    curves = {c.name: [load_curve(run_dir(out, c, s) / "train") for s in plan.seeds] for c in plan.cells}
+    paths = [plot_learning_curves(curves, out / "plots" / "learning_curves.png", title=f"Study {plan.spec.name}")]
+    if "workers" in plan.spec.factors.grid and len(plan.spec.factors.grid["workers"]) > 1:
+        paths.append(plot_speedup(speedup_groups(plan, df), out / "plots" / "speedup_vs_workers.png",
+                                  title=f"Study {plan.spec.name}: speed-up against workers"))
+    return paths
+
+
+def speedup_groups(plan: StudyPlan, df) -> dict:
+    """setting (the cell's factors other than workers) -> workers -> mean samples/s and time to target."""
+    groups: dict[str, dict[int, dict]] = {}
+    for c in plan.cells:
+        rest = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in c.factors.items() if k != "workers") or "all"
+        sub = df[df["cell"] == c.name]
+        groups.setdefault(rest, {})[int(c.factors["workers"])] = {
+            "samples_per_s": float(sub["samples_per_s"].mean()),
+            "time_to_target_s": float(sub["time_to_target_s"].mean())}
+    return groups
+
+
+def plan_summary(plan: StudyPlan) -> dict:
+    spec = plan.spec
+    return {"study": spec.name, "workflow": spec.workflow, "seeds": plan.seeds,
+            "baseline": plan.baseline.name, "metrics": spec.metrics, "target_accuracy": spec.target_accuracy,
+            "cells": [{"name": c.name, "key": c.key, "factors": c.factors, "overrides": c.overrides}
+                      for c in plan.cells], "runs": len(plan.runs)}
+
+
+def dry_run(spec: StudyConfig) -> dict:
+    """``--dry-run``: the cells, runs and distinct data stages, without starting anything."""
+    plan = plan_study(spec)
+    out = study_dir(spec)
+    data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
+    stages: dict[str, str] = {}
+    for cell, seed in plan.runs:
+        _, todo = data_paths(plan.config(cell, seed), spec.workflow, data_root)
+        for name, _, path in todo:
+            stages[str(path)] = name
+    s = plan_summary(plan)
+    s.update({"output": str(out), "data": sorted(stages),
+              "layouts": sum(1 for v in stages.values() if v == "shard")})
+    return s
+

@@ -1,0 +1,63 @@
+"""Statistics over seeds: per cell and metric, mean, sample standard deviation, the 95% confidence
+interval of the mean (Student's t with n - 1 degrees of freedom) and Welch's t-test p-value
+(unequal variances, two-sided, ``scipy.stats.ttest_ind(equal_var=False)``) against the baseline
+cell. Runs with a missing value (NaN, e.g. a target never reached) are left out of that metric's
+statistics and counted in ``n``.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+NAN = float("nan")
+CONFIDENCE = 0.95
+STAT_COLUMNS = ["cell", "metric", "n", "n_runs", "mean", "std", "ci_low", "ci_high", "p_value", "baseline"]
+
+
+def mean_ci(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float, float]:
+    """(mean, std with ddof=1, CI low, CI high); std and CI are NaN below two values."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n == 0:
+        return NAN, NAN, NAN, NAN
+    m = float(x.mean())
+    if n < 2:
+        return m, NAN, NAN, NAN
+    s = float(x.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * s / math.sqrt(n)
+    return m, s, m - half, m + half
+
+
+def welch_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided Welch's t-test p-value; NaN when a side has fewer than two values or no variance at all."""
+    from scipy import stats
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or len(b) < 2 or (a.std() == 0 and b.std() == 0):
+        return NAN
+    with warnings.catch_warnings():  # "precision loss" when one side is (nearly) constant
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def cell_stats(results, metrics: list[str], baseline: str):
+    """A DataFrame with one row per (cell, metric): ``STAT_COLUMNS``. ``results`` has columns
+    ``cell`` and the metrics; ``baseline`` is the baseline cell's name."""
+    import pandas as pd
+
+    rows = []
+    cells = list(dict.fromkeys(results["cell"]))
+    for metric in metrics:
+        base = results.loc[results["cell"] == baseline, metric].dropna().to_numpy(dtype=float)
+        for cell in cells:
+            col = results.loc[results["cell"] == cell, metric]
+            x = col.dropna().to_numpy(dtype=float)
+            m, s, lo, hi = mean_ci(x)
+            p = NAN if cell == baseline else welch_p(x, base)
+            rows.append({"cell": cell, "metric": metric, "n": len(x), "n_runs": len(col), "mean": m, "std": s,
+                         "ci_low": lo, "ci_high": hi, "p_value": p, "baseline": cell == baseline})
+    return pd.DataFrame(rows, columns=STAT_COLUMNS)

@@ -1,0 +1,276 @@
+"""Studies (jobs/experiment.py): a tiny study end to end on the real digits through the real stages,
+its statistics recomputed independently from results.parquet, its MLflow store, resuming, and
+bad study files. Plain training runs logged to MLflow (jobs/train.py --tracking.enabled true)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats as sps
+
+from jobs import experiment
+
+METRICS = ["test_accuracy", "best_val_accuracy", "time_to_target_s", "samples_per_s"]
+TINY_TRAIN = {"launcher": "local", "epochs": 1, "max_steps": 30, "eval_every": 10, "batch_size": 32,
+              "progress": False, "warmup_epochs": 0, "checkpoint_every": 0}
+
+
+def tiny_study(tmp: Path, name: str = "tiny", **over) -> dict:
+    doc = {
+        "name": name,
+        "workflow": "images",
+        "fixed": {"workers": 1, "ingest.source": "sklearn_digits", "shard.row_group_rows": 64,
+                  **{f"train.{k}": v for k, v in TINY_TRAIN.items()}},
+        "factors": {"grid": {"train.lr": [0.003, 0.03]}},
+        "seeds": 2,
+        "baseline": {"train.lr": 0.003},
+        "metrics": METRICS,
+        "target_accuracy": 0.2,
+        "output": str(tmp / name),
+    }
+    doc.update(over)
+    return doc
+
+
+def write_yaml(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished_study(spark, tmp_path_factory):
+    """The tiny study (2 cells x 2 seeds), run once through jobs/experiment.py."""
+    tmp = tmp_path_factory.mktemp("study")
+    cfg = write_yaml(tmp / "tiny.yaml", tiny_study(tmp))
+    assert experiment.main(["--config", str(cfg)]) == 0
+    return cfg, tmp / "tiny"
+
+
+def _mlflow(out: Path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=f"file://{out / 'mlruns'}")
+
+
+def _report_rows(md: str, metric: str) -> dict[str, list[str]]:
+    section = md.split(f"\n## {metric}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| cell")]
+    return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows}
+
+
+def _curve(path: Path) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()])
+
+
+def _close(text: str, value: float) -> bool:
+    if math.isnan(value):
+        return text == "-"
+    return math.isclose(float(text), value, rel_tol=1e-3, abs_tol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_tiny_study_statistics_equal_a_recomputation(finished_study, monkeypatch):
+    _, out = finished_study
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 4 and sorted(zip(df["train.lr"], df["seed"])) == [(0.003, 0), (0.003, 1), (0.03, 0), (0.03, 1)]
+    assert df["test_accuracy"].between(0, 1).all() and (df["samples_per_s"] > 0).all()
+    assert (df["steps"] == 30).all()
+    # one dataset and one shard layout, shared by the four runs
+    assert len(list((out / "data").glob("ingest-*"))) == 1 and len(list((out / "data").glob("shard-*"))) == 1
+
+    stats = pd.read_parquet(out / "stats.parquet")
+    md = (out / "report.md").read_text()
+    base = df[df["train.lr"] == 0.003]
+    assert set(base["cell"]) == {"lr=0.003"}
+    for metric in METRICS:
+        rows = _report_rows(md, metric)
+        b = base[metric].dropna().to_numpy()
+        for cell, g in df.groupby("cell"):
+            x = g[metric].dropna().to_numpy()
+            mean = x.mean() if len(x) else math.nan
+            sd = x.std(ddof=1) if len(x) > 1 else math.nan
+            if len(x) > 1 and sd > 0:
+                lo, hi = sps.t.interval(0.95, len(x) - 1, loc=mean, scale=sps.sem(x))
+            else:
+                lo = hi = mean if len(x) > 1 else math.nan
+            p = math.nan
+            if cell != "lr=0.003" and len(x) > 1 and len(b) > 1 and (x.std() > 0 or b.std() > 0):
+                p = sps.ttest_ind(x, b, equal_var=False).pvalue
+            s = stats[(stats["cell"] == cell) & (stats["metric"] == metric)].iloc[0]
+            assert s["n"] == len(x) and s["n_runs"] == 2
+            for got, want in ((s["mean"], mean), (s["std"], sd), (s["ci_low"], lo), (s["ci_high"], hi),
+                              (s["p_value"], p)):
+                assert (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=1e-9), (metric, cell)
+            n_txt, mean_sd, ci, p_txt = rows[cell]
+            assert n_txt == (str(len(x)) if len(x) == 2 else f"{len(x)} of 2")
+            m_txt, sd_txt = mean_sd.split(" ± ")
+            assert _close(m_txt, mean) and _close(sd_txt, sd), (metric, cell, mean_sd)
+            if not math.isnan(lo):
+                lo_txt, hi_txt = ci.strip("[]").split(", ")
+                assert _close(lo_txt, lo) and _close(hi_txt, hi)
+            assert p_txt == "baseline" if cell == "lr=0.003" else _close(p_txt, p)
+    # time to target = wall time of the first validation at or above the target
+    for r in df.itertuples():
+        vals = [rec for rec in _curve(Path(r.run_dir) / "train" / "metrics.jsonl").to_dict("records")
+                if rec["split"] == "val"]
+        hit = [rec["wall_s"] for rec in vals if rec["accuracy"] >= 0.2]
+        assert (math.isnan(r.time_to_target_s) and not hit) or r.time_to_target_s == hit[0]
+    for png in ("plots/learning_curves.png",):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_tiny_study_mlflow_store_holds_parent_and_children(finished_study, monkeypatch):
+    _, out = finished_study
+    c = _mlflow(out, monkeypatch)
+    exp = c.get_experiment_by_name("tiny")
+    runs = c.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted((r.data.params["cell"], r.data.params["seed"]) for r in kids) == [
+        ("lr=0.003", "0"), ("lr=0.003", "1"), ("lr=0.03", "0"), ("lr=0.03", "1")]
+    df = pd.read_parquet(out / "results.parquet")
+    for k in kids:
+        row = df[(df["cell"] == k.data.params["cell"]) & (df["seed"] == int(k.data.params["seed"]))].iloc[0]
+        assert k.data.params["factor.train.lr"] == str(row["train.lr"])
+        assert math.isclose(k.data.metrics["final_test_accuracy"], row["test_accuracy"])
+        curve = _curve(Path(row["run_dir"]) / "train" / "metrics.jsonl")
+        val = curve[curve["split"] == "val"]
+        hist = c.get_metric_history(k.info.run_id, "val_accuracy")
+        assert [(h.step, h.value) for h in sorted(hist, key=lambda h: h.step)] == list(zip(val["step"], val["accuracy"]))
+        assert {"metrics.jsonl", "summary.json", "learning_curve.png"} <= {a.path for a in c.list_artifacts(k.info.run_id)}
+    assert {"report.md", "results.parquet"} <= {a.path for a in c.list_artifacts(parent.info.run_id)}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_resuming_a_half_finished_study_runs_only_the_missing_runs(finished_study, monkeypatch):
+    """The state a study killed during its third run leaves behind: runs 1-2 finished and logged,
+    run 3 started (run.json only), run 4 never started; the rerun trains runs 3 and 4 only."""
+    from pipeline.config import load_config
+    from pipeline.studies.runner import run_study
+    from pipeline.studies.spec import StudyConfig
+
+    cfg_path, out = finished_study
+    c = _mlflow(out, monkeypatch)
+    runs = sorted((out / "runs").glob("*/seed_*"))
+    by_cell = {}
+    for r in runs:
+        by_cell.setdefault(r.parent.name, []).append(r)
+    first, second = sorted(by_cell, key=lambda k: "lr-0.03-" in k)
+    kept = by_cell[first]
+    killed, never = by_cell[second]
+    for r in (killed, never):
+        c.delete_run(yaml.safe_load((r / "mlflow_run.json").read_text())["run_id"])
+    shutil.rmtree(never)
+    shutil.rmtree(killed / "train")
+    (killed / "mlflow_run.json").unlink()
+    stamps = {r: (r / "train" / "summary.json").stat().st_mtime_ns for r in kept}
+
+    summary = run_study(load_config(StudyConfig, cfg_path))
+    assert summary["trained"] == [("lr=0.03", 0), ("lr=0.03", 1)]
+    assert summary["skipped"] == [("lr=0.003", 0), ("lr=0.003", 1)]
+    assert {r: (r / "train" / "summary.json").stat().st_mtime_ns for r in kept} == stamps
+    assert len(pd.read_parquet(out / "results.parquet")) == 4
+    exp = c.get_experiment_by_name("tiny")
+    kids = [r for r in c.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert sorted((r.data.params["cell"], r.data.params["seed"]) for r in kids) == [
+        ("lr=0.003", "0"), ("lr=0.003", "1"), ("lr=0.03", "0"), ("lr=0.03", "1")]
+    # a third run finds everything finished
+    again = run_study(load_config(StudyConfig, cfg_path))
+    assert again["trained"] == [] and len(again["skipped"]) == 4
+
+
+def test_dry_run_counts_runs_and_distinct_layouts(tmp_path, capsys):
+    doc = tiny_study(tmp_path, factors={"grid": {"shard.scheme": ["disjoint", "full_overlap"],
+                                                 "train.lr": [0.003, 0.03]}},
+                     baseline={"shard.scheme": "disjoint", "train.lr": 0.003}, seeds=3)
+    doc["fixed"]["workers"] = 2
+    cfg = write_yaml(tmp_path / "s.yaml", doc)
+    assert experiment.main(["--config", str(cfg), "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["runs"] == 12 and len(plan["cells"]) == 4 and plan["layouts"] == 2
+    assert plan["baseline"] == "scheme=disjoint, lr=0.003"
+    assert not (tmp_path / "tiny").exists()
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"factors": {"grid": {"train.lr_typo": [0.1, 0.2]}}}, "train.lr_typo"),
+    ({"factors": {"grid": {"train.lr": [0.1], "shard.schemes": ["disjoint"]}}}, "shard.schemes"),
+    ({"factors": {"variants": [{"name": "x", "set": {"train.algorithm.params.nope": 1}}]}}, "nope"),
+    ({"factors": {"grid": {"train.lr": []}}}, "factors.grid.train.lr is an empty list"),
+    ({"factors": {}}, "empty factors"),
+    ({"baseline": {"train.lr": 0.5}}, "baseline"),
+    ({"factors": {"grid": {"train.lr": [-1.0]}}}, "train.lr"),
+    ({"fixed": {"workers": 4, "shard.scheme": "households", "shard.households": 3}}, "households"),
+    ({"metrics": ["accuracy_typo"]}, "accuracy_typo"),
+    ({"target_accuracy": None, "metrics": ["time_to_target_s"]}, "needs target_accuracy"),
+])
+def test_bad_study_gives_one_line_exit_2_and_starts_nothing(tmp_path, capsys, change, needle):
+    doc = tiny_study(tmp_path)
+    doc.update(change)
+    cfg = write_yaml(tmp_path / "bad.yaml", doc)
+    rc = experiment.main(["--config", str(cfg)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error:") and needle in err, err
+    assert not (tmp_path / "tiny").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss")
+def test_report_statistics_module_against_scipy():
+    """The statistics on hand-made numbers (including a constant cell and a missing value)."""
+    from pipeline.studies.stats import cell_stats
+
+    df = pd.DataFrame({"cell": ["a"] * 3 + ["b"] * 3 + ["c"] * 2,
+                       "m": [0.5, 0.6, 0.7, 0.9, 0.8, np.nan, 0.4, 0.4]})
+    s = cell_stats(df, ["m"], "a").set_index("cell")
+    assert s.loc["a", "mean"] == pytest.approx(0.6) and s.loc["a", "std"] == pytest.approx(0.1)
+    lo, hi = sps.t.interval(0.95, 2, loc=0.6, scale=0.1 / math.sqrt(3))
+    assert (s.loc["a", "ci_low"], s.loc["a", "ci_high"]) == pytest.approx((lo, hi))
+    assert s.loc["b", "n"] == 2 and s.loc["b", "n_runs"] == 3
+    assert s.loc["b", "p_value"] == pytest.approx(sps.ttest_ind([0.9, 0.8], [0.5, 0.6, 0.7], equal_var=False).pvalue)
+    assert s.loc["c", "std"] == 0 and s.loc["c", "p_value"] == pytest.approx(
+        sps.ttest_ind([0.4, 0.4], [0.5, 0.6, 0.7], equal_var=False).pvalue)
+    assert math.isnan(s.loc["a", "p_value"])
+
+
+@pytest.mark.slow
+def test_plain_training_run_logs_to_mlflow(tmp_path, monkeypatch):
+    """jobs/train.py with tracking.enabled=true: one MLflow run with the learning curve."""
+    from train_fixtures import write_digit_shards
+
+    from jobs import train as train_job
+
+    man = write_digit_shards(tmp_path / "shards", workers=1, n_train=256, n_test=128, n_val=64)
+    args = ["--manifest", str(man), "--launcher", "local", "--epochs", "1", "--eval_every", "4",
+            "--batch_size", "32", "--progress", "false"]
+    assert train_job.main(args + ["--output", str(tmp_path / "runs" / "t0")]) == 0
+    assert not (tmp_path / "runs" / "mlruns").exists()  # off by default
+    out = tmp_path / "runs" / "t1"
+    rc = train_job.main(args + ["--output", str(out), "--set", "tracking.enabled=true",
+                                "--set", "tracking.experiment=plain"])
+    assert rc == 0
+    c = _mlflow(tmp_path / "runs", monkeypatch)
+    exp = c.get_experiment_by_name("plain")
+    (run,) = c.search_runs([exp.experiment_id])
+    curve = _curve(out / "metrics.jsonl")
+    val = curve[curve["split"] == "val"]
+    hist = sorted(c.get_metric_history(run.info.run_id, "val_accuracy"), key=lambda h: h.step)
+    assert [(h.step, h.value) for h in hist] == list(zip(val["step"], val["accuracy"]))
+    assert run.data.params["algorithm"] == "arsgd" and run.data.params["launcher"] == "local"
+    test_acc = curve[curve["split"] == "test"]["accuracy"].iloc[-1]
+    assert run.data.metrics["test_accuracy"] == pytest.approx(test_acc)
+    assert "metrics.jsonl" in {a.path for a in c.list_artifacts(run.info.run_id)}
+
