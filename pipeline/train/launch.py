@@ -2,7 +2,7 @@
 
 ``train`` checks the inputs on the driver (manifest, shards, columns, batch size), computes
 the run plan every worker follows (see ``make_plan``), then starts the SAME worker function
-(``pipeline.train.loop.worker_entry``) with the configured launcher:
+(``pipeline.train.schedules.worker_entry``) with the configured launcher:
 
 * ``horovod`` (default): ``horovod.spark.run(fn, num_proc=M, use_gloo=True)``: one Horovod
   process per Spark task; communicator ``horovod``.
@@ -31,13 +31,13 @@ import math
 import os
 import pickle
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
 from ..outputs import atomic_output_dir, local_path, write_json
+from .comm.ports import free_port
 from .config import TrainConfig, features_for
 
 log = logging.getLogger(__name__)
@@ -119,16 +119,10 @@ def plan_train(cfg: TrainConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------- launchers
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    from .loop import worker_entry
+    from .schedules import worker_entry
 
     try:
         queue.put((rank, worker_entry(*args), None))
@@ -149,7 +143,7 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
     import multiprocessing as mp
     import queue as queue_mod
 
-    from .loop import worker_entry
+    from .schedules import worker_entry
     from .restart import WorkerLost
 
     if world == 1:
@@ -157,7 +151,7 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
         return [worker_entry(cfg_json, "local", plan, out, ck)]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     argv = (args[0], "torch") + tuple(args[2:])
     procs = [ctx.Process(target=_local_child, args=(r, world, port, argv, queue), daemon=True) for r in range(world)]
     for p in procs:
@@ -246,14 +240,10 @@ def _task_resources() -> Mapping[str, Any]:
 
 
 def _with_assigned_gpu(*args):
-    """A Spark-launched worker: :func:`~pipeline.train.loop.worker_entry` on the GPU Spark assigned."""
-    import inspect
+    """A Horovod-on-Spark worker: :func:`~pipeline.train.schedules.worker_entry` on the GPU Spark assigned."""
+    from .schedules import worker_entry
 
-    from .loop import worker_entry
-
-    if "assigned_gpu" in inspect.signature(worker_entry).parameters:
-        return worker_entry(*args, assigned_gpu=task_gpu())
-    return worker_entry(*args)
+    return worker_entry(*args, assigned_gpu=task_gpu())
 
 
 def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
@@ -284,7 +274,7 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from ..spark import get_spark
-    from .loop import worker_entry
+    from .schedules import worker_entry
 
     spark = spark or get_spark(cfg.spark)
     if not cfg.torch_local_mode:

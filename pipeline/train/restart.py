@@ -20,6 +20,7 @@ Fault injection for tests and drills (``inject_fault``): ``debug.fail_at_step`` 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import logging
 import os
@@ -148,12 +149,19 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
+#: failures a relaunch would meet again: bad inputs/configs, and a disk that is full or not writable
+_PERMANENT = ("BadInputError:", "ConfigError:", "No space left on device", "Read-only file system",
+              "Permission denied", "Disk quota exceeded")
+
+
 def is_restartable(exc: BaseException) -> bool:
-    """Bad inputs and configs fail the same way again: they are not restarted."""
+    """Everything but what fails the same way again (see ``_PERMANENT``) and an interrupt."""
     if isinstance(exc, (PipelineError, KeyboardInterrupt)):
         return False
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+        return False
     text = str(exc)
-    return not any(f"{n}:" in text for n in ("BadInputError", "ConfigError"))
+    return not any(n in text for n in _PERMANENT)
 
 
 def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck: Path, expected_fp: dict,

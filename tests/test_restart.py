@@ -1,0 +1,191 @@
+"""A lost worker does not end the run: the training stage relaunches the workers from the newest
+complete checkpoint (local launcher here; Horovod-on-Spark and TorchDistributor in
+test_restart_cluster.py), the killed-and-resumed run ends bit-identical to the uninterrupted
+one for the deterministic algorithms, an Airflow retry of the train task resumes, and after the
+last allowed failure the job ends with one line. Also: the GPU a Spark task uses and
+TorchDistributor's use_gpu come from the task's resources and the config."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import BadInputError
+from pipeline.train import restart
+from pipeline.train.config import TrainConfig
+from pipeline.train.launch import task_gpu, torch_use_gpu
+
+pytest_plugins = ["train_fixtures"]
+
+
+# ---------------------------------------------------------------------------- GPU placement (CPU host)
+class _Resource:
+    def __init__(self, addresses):
+        self.name, self.addresses = "gpu", addresses
+
+
+def test_a_spark_task_uses_the_gpu_spark_assigned_to_it():
+    assert task_gpu({"gpu": _Resource(["3"])}) == 3
+    assert task_gpu({"gpu": _Resource(["1", "2"])}) == 1
+    assert task_gpu({"gpu": ["5"]}) == 5  # what horovod.spark's task_info holds on some versions
+    assert task_gpu({}) is None and task_gpu({"gpu": _Resource([])}) is None
+    assert task_gpu() is None  # outside a Spark task: no assignment
+
+
+def test_torchdistributor_use_gpu_comes_from_the_config_not_the_driver():
+    gpu_tasks = {"spark.task.resource.gpu.amount": "1"}
+    assert torch_use_gpu("cuda", False, {}) is True
+    assert torch_use_gpu("cpu", False, gpu_tasks) is False
+    assert torch_use_gpu("auto", False, gpu_tasks) is True
+    assert torch_use_gpu("auto", False, {}) is False
+    assert torch_use_gpu("auto", True, gpu_tasks) is False  # local mode: the driver's GPUs count
+    assert torch_use_gpu("auto", True, {"spark.driver.resource.gpu.amount": "2"}) is True
+
+
+# ---------------------------------------------------------------------------- the supervisor alone
+def _cfg(tmp_path, **kw):
+    return TrainConfig(manifest="m.json", output=str(tmp_path / "out"), **kw)
+
+
+def test_supervisor_restarts_up_to_max_restarts_then_one_line(tmp_path, caplog):
+    cfg = _cfg(tmp_path, max_restarts=2, debug={"fail_at_step": 3})
+    calls = []
+
+    def launch(c, resume_from):
+        calls.append((c.debug.fail_at_step, resume_from))
+        raise restart.WorkerLost("rank 1: worker process died (killed by SIGKILL)", rank=1)
+
+    with caplog.at_level(logging.WARNING), pytest.raises(restart.TrainingFailed) as e:
+        restart.supervise(launch, cfg, tmp_path / "ck", {}, None)
+    msg = str(e.value)
+    assert "\n" not in msg and "after 2 restart(s)" in msg and "killed by SIGKILL" in msg
+    assert "no checkpoint" in msg and e.value.exit_code == 1
+    assert calls == [(3, None), (None, None), (None, None)]  # the injected fault only on the first launch
+    assert sum("restart" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_supervisor_does_not_restart_bad_input(tmp_path):
+    calls = []
+
+    def launch(c, resume_from):
+        calls.append(1)
+        raise BadInputError("/x/part-0.parquet: column 'label' has type string")
+
+    with pytest.raises(BadInputError):
+        restart.supervise(launch, _cfg(tmp_path), tmp_path / "ck", {}, None)
+    assert calls == [1]
+
+
+def test_inexact_algorithms_are_named():
+    assert restart.resumes_exactly(TrainConfig(algorithm={"name": "local_sgd", "params": {"period": 4}}))
+    assert restart.resumes_exactly(TrainConfig(algorithm={"name": "slowmo"}))
+    assert not restart.resumes_exactly(TrainConfig(algorithm={"name": "timed_local_sgd",
+                                                              "params": {"round_seconds": 0.5}}))
+
+
+def test_restart_records_land_at_their_step_in_metrics(tmp_path):
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("".join(json.dumps({"kind": "eval", "split": "val", "step": s}) + "\n" for s in (5, 10, 15, 20)))
+    restart.record_restarts(m, [{"kind": "restart", "restart": 1, "from_step": 10}])
+    steps = [(r["kind"], r.get("step", r.get("from_step"))) for r in map(json.loads, m.read_text().splitlines())]
+    assert steps == [("eval", 5), ("eval", 10), ("restart", 10), ("eval", 15), ("eval", 20)]
+
+
+# ---------------------------------------------------------------------------- real runs, local launcher
+def _shards(tmp_path, workers=2):
+    from train_fixtures import write_digit_shards
+
+    return write_digit_shards(tmp_path / "shards", workers=workers, n_train=128 * workers, n_test=64, n_val=32,
+                              row_group_rows=32)
+
+
+def _base(man, **kw):
+    d = dict(manifest=str(man), launcher="local", epochs=2, batch_size=16, optimizer="sgd", lr=0.05,
+             checkpoint_every=5, progress=False)
+    d.update(kw)
+    return d
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+ALGORITHMS = {"arsgd": {"name": "arsgd"}, "local_sgd": {"name": "local_sgd", "params": {"period": 3}},
+              "slowmo": {"name": "slowmo", "params": {"base": "local_sgd", "base_params": {"period": 2}, "tau": 4}}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_a_killed_worker_is_relaunched_and_the_run_ends_bit_identical(tmp_path, algo):
+    from pipeline.train.launch import train
+
+    man = _shards(tmp_path)
+    base = _base(man, algorithm=ALGORITHMS[algo])
+    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base))
+    assert ref["steps"] == 16 and ref["restarts"] == []
+    run = train(TrainConfig(output=str(tmp_path / "run"), debug={"fail_at_step": 12, "fail_rank": 1,
+                                                                 "fail_mode": "kill"}, **base))
+    assert run["final_digests"] == ref["final_digests"]  # bit-identical parameters on every rank
+    assert run["test_accuracy"] == ref["test_accuracy"] and run["test_loss"] == ref["test_loss"]
+    (r,) = run["restarts"]
+    assert r["worker"] == 1 and r["from_step"] == 10 and r["bit_identical"] is True
+    assert "SIGKILL" in r["failure"] and r["checkpoint"].endswith("step_00000010")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["restarts"] == [r]
+    recs = _read(tmp_path / "run" / "metrics.jsonl")
+    kinds = [(m["kind"], m.get("step", m.get("from_step"))) for m in recs]
+    assert ("restart", 10) in kinds
+    evals = [(m["step"], m["accuracy"], m["loss"]) for m in recs if m["kind"] != "restart"]
+    assert evals == [(m["step"], m["accuracy"], m["loss"]) for m in _read(tmp_path / "ref" / "metrics.jsonl")]
+    ck = tmp_path / "run-checkpoints"
+    assert sorted(p.name for p in (ck / "step_00000016").iterdir()) == ["meta.json", "rank_000.pt", "rank_001.pt"]
+    assert len(list(ck.iterdir())) <= 3  # keep_checkpoints default
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_after_the_last_allowed_failure_one_line_names_the_failure_and_the_checkpoint(tmp_path, capsys):
+    from jobs.train import main
+
+    man = _shards(tmp_path)
+    out = tmp_path / "out"
+    rc = main(["--manifest", str(man), "--output", str(out), "--launcher", "local", "--epochs", "2",
+               "--batch_size", "16", "--checkpoint_every", "5", "--progress", "false", "--max_restarts", "0",
+               "--set", "debug.fail_at_step=7", "--set", "debug.fail_rank=0", "--set", "debug.fail_mode=kill"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert rc == 1 and len(err) == 1
+    assert "worker process died (killed by SIGKILL)" in err[0] and "step_00000005" in err[0], err[0]
+    assert not out.exists()  # nothing partial
+    # ... and that checkpoint is what resume=true continues from
+    rc = main(["--manifest", str(man), "--output", str(out), "--launcher", "local", "--epochs", "2",
+               "--batch_size", "16", "--checkpoint_every", "5", "--progress", "false", "--resume", "true"])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["resumed_from"].endswith("step_00000005") and s["steps"] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_airflow_retry_of_the_train_task_resumes_from_the_run_scoped_checkpoints(tmp_path, repo):
+    """The DAG's train task command, run twice for the same run key: the first attempt dies, the
+    retry (same command, same run-scoped paths) resumes from its checkpoints."""
+    import subprocess
+    import sys
+
+    from pipeline.outputs import run_scoped
+
+    man = _shards(tmp_path)
+    out = run_scoped(tmp_path / "airflow", "scheduled__2026-01-01T000000", "train")
+    cmd = [sys.executable, "jobs/train.py", "--set", f"manifest={man}", "--set", f"output={out}",
+           "--set", "launcher=local", "--set", "epochs=2", "--set", "batch_size=16", "--set", "checkpoint_every=5",
+           "--set", "progress=false", "--set", "resume=auto"]
+    first = subprocess.run(cmd + ["--set", "max_restarts=0", "--set", "debug.fail_at_step=12"], cwd=repo,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 1, first.stderr[-2000:]
+    assert (out.parent / "train-checkpoints" / "step_00000010" / "meta.json").is_file()
+    retry = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["resumed_from"].endswith("step_00000010") and s["steps"] == 16

@@ -1,0 +1,62 @@
+"""Kill-and-resume under the Spark launchers: a Horovod-on-Spark worker and a TorchDistributor
+worker are SIGKILLed mid-run; the training stage relaunches the workers from the newest complete
+checkpoint and the run ends like the uninterrupted one. M = 4 with the local launcher."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.train.config import TrainConfig
+from pipeline.train.launch import train
+
+pytest_plugins = ["train_fixtures"]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+KILL = {"fail_at_step": 7, "fail_rank": 1, "fail_mode": "kill"}
+
+
+def _shards(tmp_path, workers):
+    from train_fixtures import write_digit_shards
+
+    return write_digit_shards(tmp_path / "shards", workers=workers, n_train=64 * workers, n_test=64, n_val=32,
+                              row_group_rows=32)
+
+
+def _base(man, **kw):
+    d = dict(manifest=str(man), epochs=2, batch_size=16, optimizer="sgd", lr=0.05, checkpoint_every=3,
+             progress=False, algorithm={"name": "arsgd"})
+    d.update(kw)
+    return d
+
+
+def _check_restart(run: dict, ref: dict, worker, from_step: int) -> None:
+    (r,) = run["restarts"]
+    assert r["from_step"] == from_step and r["checkpoint"].endswith(f"step_{from_step:08d}")
+    if worker is not None:
+        assert r["worker"] == worker
+    assert run["steps"] == ref["steps"]
+    assert run["final_digests"] == ref["final_digests"]
+    assert abs(run["test_accuracy"] - ref["test_accuracy"]) <= 0.003
+    recs = [json.loads(x) for x in open(run["metrics"]).read().splitlines()]
+    assert sum(m["kind"] == "restart" for m in recs) == 1
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("launcher", ["horovod", "torch"])
+def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, tmp_path, launcher):
+    man = _shards(tmp_path, 2)
+    base = _base(man, launcher=launcher)
+    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base), spark)
+    run = train(TrainConfig(output=str(tmp_path / "run"), debug=KILL, **base), spark)
+    _check_restart(run, ref, None, 6)
+
+
+@pytest.mark.timeout(1500)
+def test_four_local_workers_one_killed(tmp_path):
+    man = _shards(tmp_path, 4)
+    base = _base(man, launcher="local", algorithm={"name": "local_sgd", "params": {"period": 2}})
+    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base))
+    run = train(TrainConfig(output=str(tmp_path / "run"), debug={**KILL, "fail_at_step": 5, "fail_rank": 3},
+                            **base))
+    _check_restart(run, ref, 3, 3)
