@@ -225,3 +225,34 @@ def test_device_prefetcher_copies_on_a_background_thread_in_order():
     next(it)
     it.close()
     assert not [t for t in threading.enumerate() if t.name == "pipeline-prefetch"]
+
+
+def test_tensor_and_list_layouts_read_identically(spark, tmp_path):
+    """Shards written by the shard stage as tensors (default) or as lists give the same batches."""
+    from pipeline.shards.materialize import ShardConfig, shard
+
+    X, y = mnist_digits()
+    n = 300
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({
+        "sample_id": np.arange(n, dtype=np.int64), "label": y[:n].astype(np.int64),
+        "image": pa.array(list(X[:n].reshape(n, -1).astype(np.uint8)), pa.list_(pa.uint8())),
+        "height": np.full(n, 28, np.int32), "width": np.full(n, 28, np.int32), "channels": np.ones(n, np.int32),
+        "split": np.where(np.arange(n) < 250, "train", "test")}), src / "part-0.parquet", row_group_size=64)
+    got = {}
+    for name, cols in (("tensor", ["image"]), ("list", [])):
+        man = shard(ShardConfig(input=str(src), output=str(tmp_path / name), workers=1, row_group_rows=32,
+                                tensor_columns=cols), spark=spark)
+        assert set(man["tensors"]) == set(cols)
+        for mode in ("memory", "stream"):
+            with ShardReader(man["workers"][0]["path"], 20, "image", seed=4, mode=mode, with_ids=True) as r:
+                got[name, mode] = list(r)
+    for mode in ("memory", "stream"):
+        a, b = got["tensor", mode], got["list", mode]
+        assert len(a) == len(b) == 13
+        for (xa, ya, ia), (xb, yb, ib) in zip(a, b):
+            assert torch.equal(ia, ib) and torch.equal(ya, yb) and torch.equal(xa[0], xb[0])
+    (x,), labels, ids = got["tensor", "memory"][0]
+    i = int(ids[0])
+    assert np.allclose(x[0, 0].numpy(), X[i].reshape(28, 28) / 255.0) and int(labels[0]) == int(y[i])

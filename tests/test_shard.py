@@ -24,7 +24,8 @@ from pipeline.errors import BadInputError, ConfigError
 from pipeline.outputs import uri
 from pipeline.schemas import load_schema, validate_parquet
 from pipeline.shards.manifest import MANIFEST_FORMAT
-from pipeline.shards.materialize import ShardConfig, pack_destinations, partition_keys, shard
+from pipeline.shards.materialize import ShardConfig, output_schema, pack_destinations, partition_keys, shard
+from pipeline.shards.tensors import decode, tensor_spec
 from pipeline.shards.schemes import assign, expand_ranges, layout_from_manifest
 
 M = 4
@@ -93,7 +94,17 @@ def check_manifest_against_parquet(out: Path, source: pa.Table, row_group_rows: 
             rows += md.num_rows
         assert rows == w["rows"]
         t = pq.read_table(d)
-        assert t.schema.remove_metadata().equals(source.schema.remove_metadata())  # same columns and types
+        tensors = {c: (v["dtype"], v["length"]) for c, v in man["tensors"].items()}
+        # the input's columns and types, the tensor columns as fixed-size binary
+        assert t.schema.remove_metadata().equals(output_schema(source.schema, tensors).remove_metadata())
+        for c, (dtype, k) in tensors.items():
+            assert tensor_spec(t.schema.field(c)) == (dtype, k)
+            want = {s_: np.asarray(v, dtype) for s_, v in zip(source.column("sample_id").to_pylist()[:300],
+                                                                source.column(c).to_pylist()[:300])}
+            got_rows = decode(t.column(c), dtype, k)
+            for s_, row in zip(t.column("sample_id").to_pylist(), got_rows):
+                if s_ in want:
+                    assert np.array_equal(row, want[s_])
         got = t.column("sample_id").to_numpy()
         assert len(got) == rows and np.unique(got).size == rows
         assert np.array_equal(np.sort(got), expand_ranges(w["sample_ids"]))
@@ -194,11 +205,25 @@ def test_exact_input_types_and_extra_splits_are_kept(spark, tmp_path):
     check_manifest_against_parquet(out, table, 8)
     assert set(man["eval"]) == {"test", "val", "holdout"}
     assert pq.read_table(man["eval"]["val"]).num_rows == 0                 # no val rows: empty, typed
+    assert man["tensors"] == {"image": {"dtype": "uint8", "length": 12}}
     w0 = pq.read_table(man["workers"][0]["path"])
-    assert w0.schema.field("image").type == pa.list_(pa.uint8())
+    assert w0.schema.field("image").type == pa.binary(12)             # 12 uint8 values per row
+    assert w0.schema.field("label").type == pa.int64()
     by_id = {int(s): imgs[s - 100] for s in w0.column("sample_id").to_pylist()}
-    for s, img in zip(w0.column("sample_id").to_pylist(), w0.column("image").to_pylist()):
-        assert np.array_equal(np.array(img, np.uint8), by_id[s])
+    for s, img in zip(w0.column("sample_id").to_pylist(), decode(w0.column("image"), "uint8", 12)):
+        assert np.array_equal(img, by_id[s])
+    # tensor_columns=[] keeps the list column as it is
+    kept = shard(ShardConfig(input=str(src), output=str(tmp_path / "lists"), workers=2, row_group_rows=8,
+                             tensor_columns=[]), spark=spark)
+    assert kept["tensors"] == {}
+    assert pq.read_table(kept["workers"][0]["path"]).schema.field("image").type == pa.list_(pa.uint8())
+
+
+def test_ragged_tensor_column_is_one_clear_error(capsys, tmp_path):
+    lists = [[1.0] * 14] * 9 + [[1.0] * 13]
+    src = _tiny(tmp_path, hlf=pa.array(lists, pa.list_(pa.float32())))
+    _run_bad(capsys, ["--input", str(src), "--workers", "2"], tmp_path / "out",
+             "column 'hlf' has a list of length 13, expected 14")
 
 
 @pytest.mark.parametrize("n", [1, 5, 16])

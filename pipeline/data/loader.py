@@ -1,7 +1,8 @@
 """The batching engines behind :class:`pipeline.data.reader.ShardReader`.
 
-Both engines decode Parquet with pyarrow into column tensors without per-row Python work (a list
-column of fixed length becomes one ``(rows, length)`` array from its values buffer) and yield
+Both engines decode Parquet with pyarrow into column tensors without per-row Python work (a
+tensor column of the shards, :mod:`pipeline.shards.tensors`, is one buffer copy; a list column of
+fixed length becomes one ``(rows, length)`` array from its values buffer) and yield
 dicts of column tensors. The batch sequence of an epoch is a pure function of (data, seed): every
 random draw comes from one ``torch.Generator`` seeded with the epoch seed (torch's global RNG is
 never touched), and the data arrive in a fixed order whatever the number of decoding threads.
@@ -33,6 +34,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..outputs import local_path
+from ..shards.tensors import decode, tensor_spec
 
 #: default in-memory budget: this fraction of the memory available when the reader opens
 MEMORY_FRACTION = 0.25
@@ -121,10 +123,17 @@ def decode_column(arr, name: str, where: str) -> np.ndarray:
 
 
 def decode_table(table, columns: Sequence[str], where: str) -> dict:
-    """``{column: torch tensor}`` of an Arrow table (copies into writable, torch-owned memory)."""
+    """``{column: torch tensor}`` of an Arrow table (copies into writable, torch-owned memory).
+    Tensor columns (:mod:`pipeline.shards.tensors`) are one buffer copy; list columns are
+    flattened (:func:`decode_column`)."""
     import torch
 
-    return {c: torch.from_numpy(np.array(decode_column(table.column(c), c, where), copy=True)) for c in columns}
+    out = {}
+    for c in columns:
+        spec = tensor_spec(table.schema.field(c))
+        x = decode(table.column(c), *spec) if spec else decode_column(table.column(c), c, where)
+        out[c] = torch.from_numpy(np.array(x, copy=True))
+    return out
 
 
 def _concat(parts: list[dict]) -> dict:

@@ -53,6 +53,13 @@ class WorkerShard(_Strict):
     group: dict[str, int] = Field(default_factory=dict, description="household / neighbourhood labels")
 
 
+class TensorSpec(_Strict):
+    """A feature column stored as one fixed-size binary tensor per row (pipeline.shards.tensors)."""
+
+    dtype: str = Field(description="numpy dtype of the values (uint8, float32, ...)")
+    length: int = Field(ge=0, description="values per row")
+
+
 class ShardManifest(_Strict):
     """``manifest.json``: layout, sizes, eval paths and one entry per worker."""
 
@@ -62,6 +69,8 @@ class ShardManifest(_Strict):
     n_train_samples: int = Field(ge=1, description="training samples N (each held by `copies` workers)")
     row_group_rows: int = Field(ge=1, description="rows per Parquet row group")
     eval: dict[str, str] = Field(description="split name -> directory (always test and val)")
+    tensors: dict[str, TensorSpec] = Field(default_factory=dict,
+                                           description="feature columns stored as one tensor per row")
     workers: list[WorkerShard] = Field(min_length=1)
     _path: str = PrivateAttr("")
 

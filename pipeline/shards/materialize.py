@@ -54,8 +54,9 @@ from ..errors import BadInputError, ConfigError, PipelineError
 from ..outputs import atomic_output_dir, local_path, require_exists, uri
 from ..schemas import parquet_schema
 from ..spark import spark_task
-from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, WorkerShard
+from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, TensorSpec, WorkerShard
 from .schemes import SCHEMES, Assignment, Layout, assign, check_sample_count, id_ranges, resolve_layout
+from .tensors import TENSOR_COLUMNS, encode, is_numeric_list, tensor_field
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class ShardConfig(StageConfig):
     shuffle: bool = Field(True, description="randomise which samples go to which shard (false: contiguous "
                                             "sample_id ranges)")
     row_group_rows: int = Field(1024, gt=0, description="rows per Parquet row group in the shards")
+    tensor_columns: list[str] = Field(list(TENSOR_COLUMNS), description="list columns written as one fixed-size "
+                                      "binary tensor per row when present (docs/loader.md); [] keeps lists")
     write_tasks: Optional[int] = Field(None, gt=0, description="Spark tasks writing the directories (each "
                                        "directory is written by one task); default: Spark's default parallelism")
 
@@ -125,6 +128,32 @@ def _check_input(path: Path):
         if reserved in schema.names:
             raise BadInputError(f"{path}: column {reserved!r} is reserved by the shard stage")
     return schema
+
+
+def _tensor_columns(path: Path, schema, names: list[str]) -> dict[str, tuple[str, int]]:
+    """{column: (dtype, length)} of the requested tensor columns present in the input; the
+    length is that of the first row (the writer checks every other row against it)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    out = {}
+    for name in names:
+        idx = schema.get_field_index(name)
+        if idx < 0:
+            continue
+        t = schema.field(idx).type
+        if not is_numeric_list(t):
+            raise BadInputError(f"{path}: column {name!r} has type {t}; a tensor column needs a list of numbers")
+        first = None
+        for batch in ds.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_batches(
+                columns=[name], batch_size=1):
+            if batch.num_rows:
+                first = batch.column(0)
+                break
+        if first is None:
+            continue
+        out[name] = (t.value_type.to_pandas_dtype().__name__, int(pc.list_value_length(first)[0].as_py() or 0))
+    return out
 
 
 def _read_keys(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -191,10 +220,30 @@ def _routing_table(assignment: Assignment, train_ids: np.ndarray, eval_ids: dict
     return pd.concat(frames, ignore_index=True)
 
 
-def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
+def output_schema(schema, tensors: dict[str, tuple[str, int]]):
+    """The shards' Arrow schema: the input's, with each tensor column as fixed-size binary."""
+    import pyarrow as pa
+
+    return pa.schema([tensor_field(f.name, *tensors[f.name]) if f.name in tensors else f for f in schema],
+                     metadata=schema.metadata)
+
+
+def _as_tensors(table, tensors: dict[str, tuple[str, int]], out_schema):
+    """Encode the tensor columns of ``table``; ValueError naming the column on a bad row."""
+    import pyarrow as pa
+
+    cols = [encode(table.column(f.name), f.name, *tensors[f.name]) if f.name in tensors else table.column(f.name)
+            for f in out_schema]
+    return pa.Table.from_arrays(cols, schema=out_schema)
+
+
+def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int, tensors: dict[str, tuple[str, int]]):
     """The ``mapInArrow`` function: Arrow batches (input columns + dest, sorted by dest) ->
-    one Parquet file per destination in this partition, in row groups of ``row_group_rows``."""
+    one Parquet file per destination in this partition, in row groups of ``row_group_rows``,
+    tensor columns encoded (:mod:`pipeline.shards.tensors`). A row that breaks a tensor column
+    stops the task and is reported in the summary's ``error``."""
     columns = list(schema.names)
+    out_schema = output_schema(schema, tensors)
 
     def write(batches):
         import pyarrow as pa
@@ -203,7 +252,7 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
 
         tc = TaskContext.get()
         tag = f"{tc.partitionId():05d}-a{tc.attemptNumber()}"
-        done = {"dest": [], "file": [], "rows": [], "row_groups": []}
+        done = {"dest": [], "file": [], "rows": [], "row_groups": [], "error": []}
         cur: dict = {}
         n_files: dict[int, int] = {}
 
@@ -231,6 +280,7 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
             os.replace(cur["tmp"], cur["final"])
             for k in ("dest", "file", "rows", "row_groups"):
                 done[k].append(cur[{"file": "name", "row_groups": "groups"}.get(k, k)])
+            done["error"].append(None)
             cur.clear()
 
         def open_(dest: int) -> None:
@@ -240,13 +290,18 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
             d = os.path.join(root, dirs[dest])
             tmp = os.path.join(d, f".{name}.inprogress")
             cur.update(dest=dest, name=name, tmp=tmp, final=os.path.join(d, name), rows=0, groups=0,
-                       pending=[], n=0, writer=pq.ParquetWriter(tmp, schema, compression="snappy"))
+                       pending=[], n=0, writer=pq.ParquetWriter(tmp, out_schema, compression="snappy"))
 
         for b in batches:
             if b.num_rows == 0:
                 continue
             dest = b.column(len(columns)).to_numpy()
-            table = pa.Table.from_batches([b]).select(columns).cast(schema)
+            try:
+                table = _as_tensors(pa.Table.from_batches([b]).select(columns).cast(schema), tensors, out_schema)
+            except ValueError as e:
+                for k, v in (("dest", -1), ("file", ""), ("rows", 0), ("row_groups", 0), ("error", str(e))):
+                    done[k].append(v)
+                break
             cuts = np.flatnonzero(np.diff(dest)) + 1       # rows arrive sorted by dest
             for s, e in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(dest)]])):
                 d = int(dest[s])
@@ -257,8 +312,9 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int):
         close()
         yield pa.RecordBatch.from_arrays(
             [pa.array(done["dest"], pa.int32()), pa.array(done["file"], pa.string()),
-             pa.array(done["rows"], pa.int64()), pa.array(done["row_groups"], pa.int32())],
-            names=["dest", "file", "rows", "row_groups"])
+             pa.array(done["rows"], pa.int64()), pa.array(done["row_groups"], pa.int32()),
+             pa.array(done["error"], pa.string())],
+            names=["dest", "file", "rows", "row_groups", "error"])
 
     return write
 
@@ -294,7 +350,7 @@ def _bytes_per_row(path: Path) -> float:
 
 
 def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Path, row_group_rows: int,
-                tasks: int) -> list:
+                tasks: int, tensors: dict[str, tuple[str, int]]) -> list:
     """Scan once, route, write with ``tasks`` writer tasks; returns the writers' summary rows."""
     from pyspark.sql import functions as F
 
@@ -311,8 +367,9 @@ def _spark_pass(spark, in_path: Path, schema, routing, dirs: list[str], root: Pa
                   .repartition(tasks, _PKEY)
                   .sortWithinPartitions(_DEST, _ORDER)
                   .select(*cols, F.col(_DEST)))
-        writer = _make_writer(str(root), dirs, schema, row_group_rows)
-        return routed.mapInArrow(spark_task(writer), "dest int, file string, rows long, row_groups int").collect()
+        writer = _make_writer(str(root), dirs, schema, row_group_rows, tensors)
+        return routed.mapInArrow(spark_task(writer),
+                                 "dest int, file string, rows long, row_groups int, error string").collect()
     finally:
         if old is None:
             spark.conf.unset(key)
@@ -341,6 +398,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
     if out == in_path or in_path in out.parents or out in in_path.parents:
         raise ConfigError(f"output={out} overlaps input={in_path}")
     schema = _check_input(in_path)
+    tensors = _tensor_columns(in_path, schema, cfg.tensor_columns)
     ids, splits = _read_keys(in_path)
     is_train = splits == TRAIN_SPLIT
     train_ids = np.sort(ids[is_train])
@@ -371,7 +429,10 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
         t2 = time.time()
         log.info("shard: one Spark pass writing %d rows into %d directories with %d task(s) (row groups of "
                  "%d rows) ...", int(expected.sum()), len(dirs), tasks, cfg.row_group_rows)
-        summary = _spark_pass(spark, in_path, schema, routing, dirs, tmp, cfg.row_group_rows, tasks)
+        summary = _spark_pass(spark, in_path, schema, routing, dirs, tmp, cfg.row_group_rows, tasks, tensors)
+        errors = [r.error for r in summary if r.error]
+        if errors:
+            raise BadInputError(f"{in_path}: {errors[0]}")
         log.info("shard: Spark pass done in %.1f s", time.time() - t2)
 
         files: dict[int, list[str]] = {d: [] for d in range(len(dirs))}
@@ -390,11 +451,12 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
                 if f.name not in keep:
                     f.unlink()
             if not files[d]:
-                files[d].append(_write_empty(tmp / name, schema))
+                files[d].append(_write_empty(tmp / name, output_schema(schema, tensors)))
 
         manifest = ShardManifest(
             source=str(in_path), layout=LayoutSpec(**layout.to_manifest()), n_train_samples=N,
             row_group_rows=cfg.row_group_rows, eval={s: str(out / "eval" / s) for s in eval_names},
+            tensors={c: TensorSpec(dtype=d, length=k) for c, (d, k) in tensors.items()},
             workers=[WorkerShard(worker=i, path=str(out / dirs[i]), files=sorted(files[i]), rows=int(rows[i]),
                                  sample_ids=id_ranges(train_ids[assignment.members[i]]),
                                  seed=assignment.seeds[i], group=assignment.groups[i]) for i in range(M)])

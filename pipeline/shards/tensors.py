@@ -1,0 +1,82 @@
+"""The shards' feature layout: one fixed-size binary tensor per row.
+
+The shard stage writes each feature column (``image``, ``hlf``, ``llf`` by default) whose
+rows are lists of one fixed length k as a Parquet ``FIXED_LEN_BYTE_ARRAY`` of k values of its
+dtype, with field metadata ``{"pipeline.tensor": {"dtype": ..., "length": k}}``. Parquet then
+stores no repetition levels and decoding a row group is a single buffer copy (list columns
+decode element by element: docs/loader.md has the measured comparison). :func:`encode` is used
+by the writer (:mod:`pipeline.shards.materialize`), :func:`decode` by the reader
+(:mod:`pipeline.data.loader`), which also reads plain list columns.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+
+#: the feature columns written as tensors when present (ShardConfig.tensor_columns overrides)
+TENSOR_COLUMNS = ("image", "hlf", "llf")
+META_KEY = b"pipeline.tensor"
+
+
+def is_numeric_list(t) -> bool:
+    import pyarrow as pa
+
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        return False
+    v = t.value_type
+    return pa.types.is_integer(v) or pa.types.is_floating(v)
+
+
+def tensor_field(name: str, dtype: str, length: int):
+    """The Arrow field of a tensor column (fixed-size binary with the dtype/length metadata)."""
+    import pyarrow as pa
+
+    width = np.dtype(dtype).itemsize * int(length)
+    return pa.field(name, pa.binary(width), nullable=False,
+                    metadata={META_KEY: json.dumps({"dtype": dtype, "length": int(length)}).encode()})
+
+
+def tensor_spec(field) -> Optional[tuple[str, int]]:
+    """(dtype, length) of a tensor column's field, None for any other field."""
+    md = field.metadata or {}
+    if META_KEY not in md:
+        return None
+    d = json.loads(md[META_KEY])
+    return str(d["dtype"]), int(d["length"])
+
+
+def encode(arr, name: str, dtype: str, length: int):
+    """A list column (Arrow array) -> fixed-size binary array; raises ValueError naming the
+    column when a row is null or its list does not have ``length`` values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if arr.null_count:
+        raise ValueError(f"column {name!r} has {arr.null_count} null row(s)")
+    if n:
+        mm = pc.min_max(pc.list_value_length(arr)).as_py()
+        if mm["min"] != length or mm["max"] != length:
+            bad = mm["min"] if mm["min"] != length else mm["max"]
+            raise ValueError(f"column {name!r} has a list of length {bad}, expected {length} (every row of a "
+                             "tensor column needs the same length)")
+    values = arr.flatten()
+    if values.null_count:
+        raise ValueError(f"column {name!r} has null list elements")
+    buf = np.ascontiguousarray(values.to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(buf.itemsize * length), n, [None, pa.py_buffer(buf)])
+
+
+def decode(arr, dtype: str, length: int) -> np.ndarray:
+    """A tensor column (fixed-size binary array) -> ``(rows, length)`` array (a view of its buffer)."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    width = arr.type.byte_width
+    data = np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * width:(arr.offset + len(arr)) * width]
+    return data.view(np.dtype(dtype)).reshape(len(arr), length)
