@@ -47,7 +47,8 @@ def write_yaml(path: Path, doc: dict) -> Path:
 def finished_study(spark, tmp_path_factory):
     """The tiny study (2 cells x 2 seeds), run once through jobs/experiment.py."""
     tmp = tmp_path_factory.mktemp("study")
-    cfg = write_yaml(tmp / "tiny.yaml", tiny_study(tmp))
+    # the digits dataset and its shards are cached by config in a directory shared with test_tune.py
+    cfg = write_yaml(tmp / "tiny.yaml", tiny_study(tmp, data_dir=str(tmp_path_factory.getbasetemp() / "studies_data")))
     assert experiment.main(["--config", str(cfg)]) == 0
     return cfg, tmp / "tiny"
 
@@ -78,13 +79,16 @@ def _close(text: str, value: float) -> bool:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_tiny_study_statistics_equal_a_recomputation(finished_study, monkeypatch):
-    _, out = finished_study
+    cfg, out = finished_study
     df = pd.read_parquet(out / "results.parquet")
     assert len(df) == 4 and sorted(zip(df["train.lr"], df["seed"])) == [(0.003, 0), (0.003, 1), (0.03, 0), (0.03, 1)]
     assert df["test_accuracy"].between(0, 1).all() and (df["samples_per_s"] > 0).all()
     assert (df["steps"] == 30).all()
     # one dataset and one shard layout, shared by the four runs
-    assert len(list((out / "data").glob("ingest-*"))) == 1 and len(list((out / "data").glob("shard-*"))) == 1
+    data = Path(yaml.safe_load(cfg.read_text())["data_dir"])
+    assert len(list(data.glob("ingest-*"))) == 1 and len(list(data.glob("shard-*"))) == 1
+    assert {json.loads((Path(r) / "run.json").read_text())["train"]["manifest"] for r in df["run_dir"]} == {
+        str(next(data.glob("shard-*")) / "manifest.json")}
 
     stats = pd.read_parquet(out / "stats.parquet")
     md = (out / "report.md").read_text()

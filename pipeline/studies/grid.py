@@ -14,6 +14,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from ..config import _set_dotted, build_config, read_yaml
@@ -113,9 +114,18 @@ def find_baseline(spec: StudyConfig, cells: list[Cell]) -> Cell:
     return hits[0]
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def base_path(base: str) -> Path:
+    """A relative ``base`` is looked up in the current directory, then in the repository."""
+    p = Path(base)
+    return p if p.is_absolute() or p.exists() or not (REPO / p).exists() else REPO / p
+
+
 def base_data(base: Optional[str], fixed: dict) -> dict:
     """The ``base`` YAML (if any) with the ``fixed`` overrides applied."""
-    data = read_yaml(base) if base else {}
+    data = read_yaml(base_path(base)) if base else {}
     return apply_overrides(data, fixed)
 
 

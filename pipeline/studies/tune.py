@@ -212,18 +212,21 @@ def _run_trials_task(batches):
                 train(TrainConfig.model_validate_json(row["config"]))
             except Exception as e:  # noqa: BLE001 - reported to the driver, the other trials go on
                 err = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}"
-            yield pa.RecordBatch.from_pylist([{"trial": row["trial"], "error": err, "seconds": time.time() - t0}],
-                                             schema=pa.schema([("trial", pa.int64()), ("error", pa.string()),
-                                                               ("seconds", pa.float64())]))
+            yield pa.RecordBatch.from_pylist(
+                [{"trial": row["trial"], "error": err, "started": t0, "finished": time.time()}],
+                schema=pa.schema([("trial", pa.int64()), ("error", pa.string()), ("started", pa.float64()),
+                                  ("finished", pa.float64())]))
 
 
 def run_trials_on_spark(spark, trials: list[tuple[int, str]]) -> dict[int, dict]:
-    """Train ``(trial number, TrainConfig JSON)`` pairs, one Spark task each; trial -> {error, seconds}."""
+    """Train ``(trial number, TrainConfig JSON)`` pairs, one Spark task each; trial -> {error, started,
+    finished} (epoch seconds of the task's training)."""
     from ..spark import spark_task, task_frame
 
     df = task_frame(spark, trials, "trial long, config string")
-    out = df.mapInArrow(spark_task(_run_trials_task), "trial long, error string, seconds double").collect()
-    return {r["trial"]: {"error": r["error"], "seconds": r["seconds"]} for r in out}
+    out = df.mapInArrow(spark_task(_run_trials_task),
+                        "trial long, error string, started double, finished double").collect()
+    return {r["trial"]: {"error": r["error"], "started": r["started"], "finished": r["finished"]} for r in out}
 
 
 # ------------------------------------------------------------------------- the search
@@ -242,7 +245,8 @@ def _trial_row(cfg: TuneConfig, t, out: Path) -> dict:
     tdir = out / "trials" / f"trial_{t.number}" / "train"
     if (tdir / "summary.json").is_file():
         row.update(run_metrics(tdir))
-    row["error"] = t.user_attrs.get("error")
+    row.update({"error": t.user_attrs.get("error"), "task_started": t.user_attrs.get("task_started"),
+                "task_finished": t.user_attrs.get("task_finished")})
     return row
 
 
@@ -316,6 +320,9 @@ def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracke
 
     tdir = out / "trials" / f"trial_{t.number}" / "train"
     shutil.rmtree(checkpoint_dir(configs[t.number]), ignore_errors=True)  # a finished trial needs none
+    for k in ("started", "finished"):
+        if res.get(k) is not None:
+            t.set_user_attr(f"task_{k}", res[k])
     if res["error"] is None and (tdir / "summary.json").is_file():
         row = run_metrics(tdir)
         value = row[cfg.objective]
