@@ -3,8 +3,9 @@
 For the HLF (14 floats), image (28x28 uint8) and LLF (801x19 floats) shards it prints, in one run:
 
 * bare loader rows/s: one epoch through ``ShardReader`` in ``memory`` mode (after the one-time
-  load, whose time is printed too) and in ``stream`` mode, and through the Petastorm
-  ``BatchedDataLoader`` the reader used before (reference),
+  load, whose time is printed too) and in ``stream`` mode, and, for reference, through Petastorm's
+  ``make_batch_reader`` + ``BatchedDataLoader`` (the reader used before) over the same rows
+  written as list columns (Petastorm cannot hand fixed-size binary columns to torch),
 * training samples/s fed by the loader (``ShardReader``, auto mode) and fed by in-memory tensors
   (batches gathered from resident tensors, no reader), and their ratio, for the HLF classifier at
   batch 128, LeNet-5 at batch 32 and the particle GRU at batch 32,
@@ -48,8 +49,35 @@ def _list(values: np.ndarray, k: int):
     return pa.ListArray.from_arrays(pa.array(np.arange(0, n * k + 1, k, dtype=np.int32)), pa.array(values.reshape(-1)))
 
 
-def write_shard(out: Path, name: str, rows: int, seed: int = 0) -> Path:
-    """A worker directory of ``rows`` rows of data set ``name`` in the shard stage's layout."""
+def writer_options(schema, tensors):
+    from pipeline.shards.materialize import writer_options as opts
+    from pipeline.shards.tensors import TENSOR_COLUMNS
+
+    return opts(schema, [c for c in TENSOR_COLUMNS if c in schema.names and c in tensors])
+
+
+def _as_tensor_layout(t):
+    """The tensor columns encoded as the shard stage writes them (pipeline.shards.tensors)."""
+    import pyarrow as pa
+
+    from pipeline.shards.tensors import TENSOR_COLUMNS, encode, tensor_field
+
+    fields, cols = [], []
+    for f in t.schema:
+        if f.name in TENSOR_COLUMNS:
+            dtype = f.type.value_type.to_pandas_dtype().__name__
+            k = len(t.column(f.name)[0])
+            fields.append(tensor_field(f.name, dtype, k))
+            cols.append(encode(t.column(f.name), f.name, dtype, k))
+        else:
+            fields.append(f)
+            cols.append(t.column(f.name))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def write_shard(out: Path, name: str, rows: int, seed: int = 0, tensors: bool = True) -> Path:
+    """A worker directory of ``rows`` rows of data set ``name`` in the shard stage's layout
+    (``tensors=False``: feature columns as plain lists, the layout Petastorm can read)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -74,9 +102,10 @@ def write_shard(out: Path, name: str, rows: int, seed: int = 0) -> Path:
             cols["llf"] = _list(llf.reshape(n, -1), 801 * 19)
             cols["n_particles"] = pa.array(npart)
             cols["hlf"] = _list(rng.normal(size=(n, 14)).astype(np.float32), 14)
-        t = pa.table(cols)
+        t = _as_tensor_layout(pa.table(cols)) if tensors else pa.table(cols)
         if writer is None:
-            writer = pq.ParquetWriter(out / "part-00000.parquet", t.schema, compression="snappy")
+            writer = pq.ParquetWriter(out / "part-00000.parquet", t.schema,
+                                      **writer_options(t.schema, t.schema.names if tensors else ()))
         writer.write_table(t, row_group_size=ROW_GROUP)
     writer.close()
     return out
@@ -186,6 +215,7 @@ def layouts(root: Path, rows: int) -> None:
     import pyarrow.parquet as pq
 
     from pipeline.data.loader import decode_column
+    from pipeline.shards.tensors import decode, encode
 
     rng = np.random.default_rng(0)
     print("\nlayout comparison (decode of every row group to one (rows, k) array, one thread):")
@@ -199,15 +229,17 @@ def layouts(root: Path, rows: int) -> None:
                                     lambda t: np.stack([c.to_numpy() for c in t.columns], axis=1)),
             "binary tensor per row": (pa.table({"x": pa.array([r.tobytes() for r in x], pa.binary())}),
                                       lambda t, dt=x.dtype: _binary(t.column("x"), dt, k)),
+            "fixed-size binary": (pa.table({"x": encode(_list(x, k), "x", x.dtype.name, k)}),
+                                  lambda t, dt=x.dtype.name: decode(t.column("x"), dt, k)),
         }
-        for label, (table, decode) in cands.items():
+        for label, (table, fn) in cands.items():
             d = root / f"layout-{name}-{label.split()[0]}.parquet"
             pq.write_table(table, d, row_group_size=ROW_GROUP, compression="snappy")
             pf = pq.ParquetFile(d)
             t0 = time.perf_counter()
             n = 0
             for i in range(pf.num_row_groups):
-                arr = decode(pf.read_row_group(i, use_threads=False))
+                arr = fn(pf.read_row_group(i, use_threads=False))
                 n += arr.shape[0]
             rate = n / (time.perf_counter() - t0)
             print(f"  {name:10s} {label:22s} {d.stat().st_size / 1e6:10.1f} {rate:12,.0f}")
@@ -252,7 +284,10 @@ def main(argv=None) -> int:
                   f"({sum(f.stat().st_size for f in path.iterdir()) / 1e6:.0f} MB)")
             mem, load = bare_loader(path, features, batch, "memory", a.threads)
             stream, _ = bare_loader(path, features, batch, "stream", a.threads)
-            peta = petastorm_loader(path, features, batch, max_rows=min(rows, 20_000 if name != "llf" else 1000))
+            n_peta = min(rows, 20_000 if name != "llf" else 1000)
+            lists = write_shard(root / f"{name}-lists", name, n_peta, tensors=False)
+            peta = petastorm_loader(lists, features, batch, max_rows=n_peta)
+            shutil.rmtree(lists)
             print(f"  bare loader, batch {batch}: memory {mem:,.0f} rows/s (one-time load {load:.2f} s), "
                   f"stream {stream:,.0f} rows/s, Petastorm BatchedDataLoader {peta:,.0f} rows/s")
             steps = max(5, a.steps // 5) if name == "llf" else a.steps

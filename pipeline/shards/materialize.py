@@ -228,6 +228,13 @@ def output_schema(schema, tensors: dict[str, tuple[str, int]]):
                      metadata=schema.metadata)
 
 
+def writer_options(out_schema, tensors) -> dict:
+    """ParquetWriter options: snappy; no dictionary or statistics for the tensor columns (every
+    value is distinct, and min/max of a tensor's bytes are meaningless)."""
+    plain = [f.name for f in out_schema if f.name not in tensors]
+    return {"compression": "snappy", "use_dictionary": plain, "write_statistics": plain}
+
+
 def _as_tensors(table, tensors: dict[str, tuple[str, int]], out_schema):
     """Encode the tensor columns of ``table``; ValueError naming the column on a bad row."""
     import pyarrow as pa
@@ -290,7 +297,7 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int, tensor
             d = os.path.join(root, dirs[dest])
             tmp = os.path.join(d, f".{name}.inprogress")
             cur.update(dest=dest, name=name, tmp=tmp, final=os.path.join(d, name), rows=0, groups=0,
-                       pending=[], n=0, writer=pq.ParquetWriter(tmp, out_schema, compression="snappy"))
+                       pending=[], n=0, writer=pq.ParquetWriter(tmp, out_schema, **writer_options(out_schema, tensors)))
 
         for b in batches:
             if b.num_rows == 0:
