@@ -89,27 +89,13 @@ def _loss_step(model, rank: int, step: int):
     model(x).pow(2).mean().backward()
 
 
-def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12, steps: int = 5,
-                     time_budget: bool = False) -> dict:
-    """Run every algorithm-level check on this rank; return what the parent asserts on."""
+def _swarm_checks(comm, out: dict, topology: str, rounds: int, steps: int) -> None:
+    """SwarmSGD pairwise averaging on this rank (section 1)."""
     import torch
 
-    from pipeline.train.algorithms import BuildContext, build_algorithm
-    from pipeline.train.algorithms.arsgd import ARSGD
-    from pipeline.train.algorithms.decentral import ParamsOnly
-    from pipeline.train.algorithms.dpsgd import DPSGD
-    from pipeline.train.algorithms.local_sgd import LocalSGD
-    from pipeline.train.algorithms.slowmo import SlowMo
-    from pipeline.train.algorithms.easgd import EASGD
     from pipeline.train.algorithms.swarm import SwarmSGD
-    from pipeline.train.comm import make_communicator
-    from pipeline.train.consensus import consensus_distance
 
-    torch.set_num_threads(1)
-    comm = make_communicator(backend)
-    rank, world = comm.rank, comm.world_size
-    out: dict[str, Any] = {"rank": rank, "world": world}
-
+    rank = comm.rank
     # 1. SwarmSGD pairwise averaging: local SGD steps on different models, then communicate()
     m = _net(100 + rank)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -124,6 +110,15 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
     out["swarm"] = {"pre": np.stack(pre), "post": np.stack(post), "partners": partners,
                     "matchings": [swarm.graph.matching(5, r) for r in range(rounds)]}
 
+
+def _dpsgd_checks(comm, out: dict, topology: str, rounds: int, steps: int) -> None:
+    """D-PSGD mixing, complete-graph and adapt-then-combine equivalences (sections 2-4)."""
+    import torch
+
+    from pipeline.train.algorithms.arsgd import ARSGD
+    from pipeline.train.algorithms.dpsgd import DPSGD
+
+    rank, world = comm.rank, comm.world_size
     # 2. one D-PSGD mixing step on the configured graph: post = W @ pre
     m = _net(200 + rank)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -162,6 +157,14 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
     out["atc_vs_arsgd"] = float(np.abs(_flat(c) - _flat(d)).max())
     out["atc_final"] = _flat(c)
 
+
+def _easgd_checks(comm, out: dict, topology: str, rounds: int, steps: int) -> None:
+    """EASGD through its own step() (section 5)."""
+    import torch
+
+    from pipeline.train.algorithms.easgd import EASGD
+
+    rank = comm.rank
     # 5. EASGD through its own step(): the state just before each elastic step is recorded by a
     #    wrapper, the parent computes the expected update (sum_i x_i + centre invariant, beta = M * alpha)
     e = _net(500 + rank)
@@ -185,11 +188,17 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
                      _flat(e), ea.centre.numpy().copy(), stepped))
     out["easgd"] = recs
 
-    # 6. consensus distance of different models
-    f = _net(600 + rank)
-    out["consensus"] = {"x": _flat(f), "d": consensus_distance(list(f.parameters()), comm)}
-    out["exchange_calls"] = comm.stats.calls
 
+def _seed_and_slowmo_checks(comm, out: dict, topology: str, rounds: int, steps: int) -> None:
+    """The run seed in SwarmSGD and SlowMo x0 after the broadcast (sections 7-8)."""
+    import torch
+
+    from pipeline.train.algorithms import BuildContext, build_algorithm
+    from pipeline.train.algorithms.decentral import ParamsOnly
+    from pipeline.train.algorithms.local_sgd import LocalSGD
+    from pipeline.train.algorithms.slowmo import SlowMo
+
+    rank = comm.rank
     # 7. the run seed reaches SwarmSGD through the registry: matchings of seeds 1, 2, 1
     out["seeded_partners"] = {}
     for tag, seed in (("a", 1), ("b", 2), ("a2", 1)):
@@ -221,6 +230,29 @@ def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12,
         _loss_step(m, rank, s)
         sm.step()
     out["slowmo_x0"] = {"init": init, **slow}
+
+
+def algorithm_checks(backend: str, topology: str = "complete", rounds: int = 12, steps: int = 5,
+                     time_budget: bool = False) -> dict:
+    """Run every algorithm-level check on this rank; return what the parent asserts on."""
+    import torch
+
+    from pipeline.train.comm import make_communicator
+    from pipeline.train.consensus import consensus_distance
+
+    torch.set_num_threads(1)
+    comm = make_communicator(backend)
+    rank, world = comm.rank, comm.world_size
+    out: dict[str, Any] = {"rank": rank, "world": world}
+    _swarm_checks(comm, out, topology, rounds, steps)
+    _dpsgd_checks(comm, out, topology, rounds, steps)
+    _easgd_checks(comm, out, topology, rounds, steps)
+    # 6. consensus distance of different models
+    f = _net(600 + rank)
+    out["consensus"] = {"x": _flat(f), "d": consensus_distance(list(f.parameters()), comm)}
+    out["exchange_calls"] = comm.stats.calls
+
+    _seed_and_slowmo_checks(comm, out, topology, rounds, steps)
     if time_budget:
         out["time"] = time_budget_checks(comm)
     comm.shutdown()

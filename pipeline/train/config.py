@@ -22,9 +22,6 @@ from ..errors import ConfigError
 from .algorithms import names as algorithm_names
 from .stragglers import StragglerConfig
 
-MODELS = ("lenet5", "resnet20", "hlf", "gru", "inclusive")
-
-
 class AlgorithmConfig(BaseModel):
     """Which algorithm, with its own parameters (see each module's ``Params``)."""
 
