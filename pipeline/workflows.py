@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import Field
 
 from .config import StageConfig, build_config
+from .features.layout import CLASS_NAMES
 from .ingest.images import ImagesIngestConfig, ingest_images
 from .outputs import local_path, write_json
 from .shards.materialize import ShardConfig, shard
@@ -21,8 +22,6 @@ from .simulate import SimulateConfig
 from .train.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-PROCESS_LABELS = {"qcd": 0, "ttbar": 1, "wjets": 2}
 
 
 class ImagesRunConfig(StageConfig):
@@ -132,7 +131,7 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
     sim = cfg.simulate.model_copy(update={"events": cfg.events_per_class, "seed": cfg.seed,
                                           "output": str(p["simulated"])})
     samples = [{"name": name, "label": label, "files": [f"{p['simulated']}/{name}/*.root"]}
-               for name, label in PROCESS_LABELS.items() if name in sim.processes]
+               for label, name in enumerate(CLASS_NAMES) if name in sim.processes]
     out = {
         "simulate": sim,
         "ingest": build_config(IngestRootConfig, {**cfg.ingest, "input": f"{p['simulated']}/*/*.root",
@@ -199,7 +198,7 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
                "seconds": round(time.time() - t0, 1), "outputs": {k: str(v) for k, v in p.items()}}
     write_json(root / "summary.json", summary)
     auc = tr.get("auc") or {}
-    names = {v: k for k, v in PROCESS_LABELS.items()}
+    names = dict(enumerate(CLASS_NAMES))
     auc_txt = ", ".join(f"{names.get(int(k), k)} {v:.3f}" for k, v in sorted(auc.items(), key=lambda kv: int(kv[0])))
     print(f"SUMMARY hep: {sum(sim['events'].values())} generated events "
           f"({', '.join(f'{k} {v}' for k, v in sim['events'].items())}) -> HLF classifier on {cfg.workers} workers "

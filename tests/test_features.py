@@ -16,9 +16,10 @@ import hep_root_fixtures as H  # noqa: E402
 
 from pipeline.errors import BadInputError  # noqa: E402
 from pipeline.features import delphes as D  # noqa: E402
+from pipeline.features import layout as L  # noqa: E402
 
-N, F = D.N_PARTICLES, D.N_LLF_FEATURES
-IDX = {n: i for i, n in enumerate(D.LLF_NAMES)}
+N, F = L.N_PARTICLES, L.N_LLF_FEATURES
+IDX = {n: i for i, n in enumerate(L.LLF_NAMES)}
 
 
 # ------------------------------------------------------------------ direct (per-event) reference
@@ -81,7 +82,7 @@ def test_required_branches_exist_in_real_delphes(delphes_root):
     import uproot
     names = set(uproot.open(delphes_root)["Delphes"].keys(recursive=True, full_paths=False))
     assert set(D.REQUIRED_BRANCHES) <= names
-    assert D.LLF_SIZE == 15219 and D.N_HLF == 14
+    assert L.LLF_SIZE == 15219 and L.N_HLF == 14
 
 
 @pytest.mark.parametrize("which", ["real_events", "boosted_events"])
@@ -96,9 +97,7 @@ def test_selection_matches_direct_isolation_count(which, request):
         assert len(sel.index) >= 5
     for k, i in enumerate(sel.index):
         r = ref[i]
-        got = [sel.lepton.pt[k], sel.lepton.eta[k], sel.lepton.phi[k], sel.lepton.charge[k], sel.lepton.is_ele[k],
-               sel.lepton.iso_ch[k], sel.lepton.iso_gamma[k], sel.lepton.iso_neu[k]]
-        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(r), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(sel.lepton[k], np.asarray(r), rtol=1e-5, atol=1e-6)   # LEPTON_FIELDS order
 
 
 @pytest.mark.parametrize("which", ["real_events", "boosted_events"])
@@ -107,7 +106,7 @@ def test_hlf_agree_with_direct_reading(which, request):
     block = D.compute_features(arrs)
     ref = _ref_select(arrs)
     assert block.hlf.shape == (len(block.index), 14) and block.n_read == 25
-    h = {n: block.hlf[:, i] for i, n in enumerate(D.HLF_NAMES)}
+    h = {n: block.hlf[:, i] for i, n in enumerate(L.HLF_NAMES)}
     for k, i in enumerate(block.index):
         jpt, jeta = np.asarray(arrs["Jet.PT"][i]), np.asarray(arrs["Jet.Eta"][i])
         good = (jpt > 30) & (np.abs(jeta) < 2.6)
@@ -166,18 +165,16 @@ def test_llf_caps_and_isolation_before_selection(real_events, caps, monkeypatch)
     """Every event of delphes.root, with its leading track taken as a pseudo-lepton: group sizes,
     ordering and padding, the caps (the sample never reaches 150 photons, so smaller caps are
     patched in too, to see them bite) and each particle's isolation."""
-    import awkward as ak
-
-    monkeypatch.setitem(D.CAPS, "tracks", caps[0])
-    monkeypatch.setitem(D.CAPS, "photons", caps[1])
-    monkeypatch.setitem(D.CAPS, "neutrals", caps[2])
-    cands = D.candidates(real_events)
-    trk = cands["tracks"]
-    lead = ak.firsts(trk[ak.argsort(trk.pt, axis=1, ascending=False)])
-    lep = ak.zip({"pt": lead.pt, "eta": lead.eta, "phi": lead.phi, "charge": ak.values_astype(lead.charge, np.float32),
-                  "is_ele": lead.pt * 0, "iso_ch": lead.pt * 0, "iso_gamma": lead.pt * 0, "iso_neu": lead.pt * 0})
-    llf, npart = D.low_level(real_events, lep, cands)
-    capped = [_check_llf(llf[i], npart[i], float(lead.pt[i]), real_events, i, caps) for i in range(len(real_events))]
+    monkeypatch.setitem(L.CAPS, "tracks", caps[0])
+    monkeypatch.setitem(L.CAPS, "photons", caps[1])
+    monkeypatch.setitem(L.CAPS, "neutrals", caps[2])
+    cols = D.columns(real_events)
+    trk = cols.tracks
+    lead = np.array([trk.off[e] + np.argmax(trk["pt"][trk.off[e]:trk.off[e + 1]]) for e in range(cols.n)])
+    lep = np.zeros((cols.n, 8))
+    lep[:, 0], lep[:, 1], lep[:, 2], lep[:, 3] = (trk[c][lead] for c in ("pt", "eta", "phi", "charge"))
+    llf, npart = D.low_level(cols, np.arange(cols.n), lep)
+    capped = [_check_llf(llf[i], npart[i], lep[i, 0], real_events, i, caps) for i in range(cols.n)]
     assert any(capped) == (caps[1] < 150)   # the small caps were exercised
     # isolation of a few particles of event 3 against the direct sums (the particle itself excluded)
     ev = {k: real_events[k][3] for k in real_events.fields}
@@ -237,8 +234,8 @@ def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_
     for lab, n in zip((0, 1, 2), (sel["qcd_0000.root"], sel["ttbar_0000.root"], sel["wjets_0000.root"])):
         c = hlf[hlf.label == lab].split.value_counts().to_dict()
         assert c.get("test", 0) == math.floor(n * 0.2) and c.get("val", 0) == math.floor(n * 0.15)
-    validate_parquet(rep["hlf"], load_schema("hlf", 1))
-    validate_parquet(rep["llf"], load_schema("llf", 1))
+    validate_parquet(rep["hlf"], load_schema("hlf", 2))
+    validate_parquet(rep["llf"], load_schema("llf", 2))
     assert all(len(x) == 15219 for x in llf.llf) and all(len(x) == 14 for x in hlf.hlf)
     # row groups sized for Petastorm: 0.25 MiB requested -> row groups of a few 61 kB events
     parts = [os.path.join(rep["llf"], p) for p in os.listdir(rep["llf"]) if p.endswith(".parquet")]
@@ -258,6 +255,14 @@ def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_
     model = ScalingModel.load(tmp_path / "f_root" / "scaling.json")
     scaled = model.transform_llf(np.stack(tl.llf.to_numpy()), tl.n_particles.to_numpy()).reshape(-1, N, F)
     assert not scaled[0, int(tl.n_particles.iloc[0]):].any()          # padding stays zero
+    # the file is the ScalingFile contract: a wrong length or a zero std is refused, naming the file
+    bad = dict(sc, llf={**sc["llf"], "std": sc["llf"]["std"][:18]})
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(BadInputError, match=r"bad\.json: not a valid scaling\.json \(llf\.std"):
+        ScalingModel.load(tmp_path / "bad.json")
+    (tmp_path / "zero.json").write_text(json.dumps(dict(sc, hlf={**sc["hlf"], "std": [0.0] * 14})))
+    with pytest.raises(BadInputError, match=r"zero\.json: .*hlf\.std\.0"):
+        ScalingModel.load(tmp_path / "zero.json")
 
     # the same files ingested first, then the stage on the Parquet: identical datasets
     ev = tmp_path / "events"
@@ -281,7 +286,7 @@ def test_parquet_row_groups_follow_the_setting(spark, tmp_path):
     from pipeline.features.stage import _write
 
     rng = np.random.default_rng(0)
-    rows = [(i, rng.standard_normal(D.LLF_SIZE).astype(np.float32).tolist()) for i in range(120)]
+    rows = [(i, rng.standard_normal(L.LLF_SIZE).astype(np.float32).tolist()) for i in range(120)]
     df = spark.createDataFrame(rows, StructType([StructField("sample_id", LongType()),
                                                  StructField("llf", ArrayType(FloatType()))]))
     _write(df, tmp_path / "llf", 1, 1.0)

@@ -71,10 +71,16 @@ def test_ingest_delphes_matches_uproot(spark, delphes_root, tmp_path):
     assert table.schema.field("Jet.BTag").type.value_type == pa.uint32()
     # Spark reads it back
     assert spark.read.parquet("file://" + str(out)).count() == 25
-    # schema registered (versioned) and stored next to the data
-    sj = json.loads((tmp_path / "schemas" / "root" / "delphes" / "v1.json").read_text())
+    # schema stored next to the data; this column set is not among the reviewed versions of
+    # schemas/root/delphes, so the next version is minted into the registry folder (never schemas/)
+    from pipeline.schemas import SCHEMA_DIR, schema_versions
+    sj = json.loads((out / "_schema.json").read_text())
     assert [c["name"] for c in sj["columns"]] == table.schema.names
-    assert json.loads((out / "_schema.json").read_text())["version"] == 1
+    reviewed = schema_versions("root/delphes", SCHEMA_DIR)
+    assert sj["version"] == max(reviewed) + 1
+    minted = json.loads((tmp_path / "schemas" / "root" / "delphes" / f"v{sj['version']}.json").read_text())
+    assert [c["name"] for c in minted["columns"]] == table.schema.names
+    assert schema_versions("root/delphes", SCHEMA_DIR) == reviewed
     rep2 = json.loads((out / "_report.json").read_text())
     assert rep2["files"][0]["entries"] == 25 and rep2["schema"]["name"] == "root/delphes"
 

@@ -43,6 +43,7 @@ def _arrays(simulated, process, branches):
 
 
 # ----------------------------------------------------------------------------------------- layout
+@pytest.mark.slow
 def test_files_and_sidecar(simulated):
     cfg, res = simulated
     side = json.loads(open(res["sidecar"]).read())
@@ -64,6 +65,7 @@ def test_files_and_sidecar(simulated):
     assert len(np.unique(nums)) == len(nums) == 3 * N_PER_CLASS
 
 
+@pytest.mark.slow
 def test_branches_mirror_real_delphes(simulated, delphes_root):
     """Every branch we write exists in a real Delphes 3 file under the same name and C type, and both
     files answer the same read calls."""
@@ -88,6 +90,7 @@ def _all_branches(path):
     return uproot.open(path)[TREE].arrays(branch_names())
 
 
+@pytest.mark.slow
 def test_same_seed_same_events_bit_for_bit(simulated, tmp_path):
     """Rerunning a task outside Spark with the same seed reproduces the Spark-written file exactly."""
     cfg, res = simulated
@@ -101,6 +104,7 @@ def test_same_seed_same_events_bit_for_bit(simulated, tmp_path):
         assert np.array_equal(ak.to_numpy(ak.flatten(x)), ak.to_numpy(ak.flatten(y))), name
 
 
+@pytest.mark.slow
 def test_different_seed_different_events(simulated, tmp_path):
     cfg, res = simulated
     other = cfg.model_copy(update={"seed": cfg.seed + 1})
@@ -124,6 +128,7 @@ def test_task_seeds_are_distinct_and_stable():
 
 
 # ------------------------------------------------------------------------------------ physics sanity
+@pytest.mark.slow
 def test_ttbar_has_more_jets_and_btags_than_wjets(simulated):
     tt = _arrays(simulated, "ttbar", ["Jet.PT", "Jet.BTag"])
     wj = _arrays(simulated, "wjets", ["Jet.PT", "Jet.BTag"])
@@ -145,6 +150,7 @@ LEP = ["Electron.PT", "Electron.Phi", "Electron.IsolationVar", "Muon.PT", "Muon.
        "MissingET.MET", "MissingET.Phi"]
 
 
+@pytest.mark.slow
 def test_wjets_transverse_mass_jacobian_peak(simulated):
     a = _arrays(simulated, "wjets", LEP)
     pt, phi, _ = _leading_lepton(a)
@@ -161,6 +167,7 @@ def test_wjets_transverse_mass_jacobian_peak(simulated):
     assert below_edge > 3 * above_edge, (below_edge, above_edge)
 
 
+@pytest.mark.slow
 def test_qcd_lepton_isolation_worse_than_wjets(simulated):
     _, _, iso_q = _leading_lepton(_arrays(simulated, "qcd", LEP))
     _, _, iso_w = _leading_lepton(_arrays(simulated, "wjets", LEP))
@@ -211,6 +218,7 @@ def test_bad_config_one_line(override, word, capsys):
     assert len(err) == 1 and word in err[0]
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_previous_output(simulated, spark, tmp_path):
     out = tmp_path / "sim"
     out.mkdir()
@@ -231,9 +239,11 @@ def test_filter_too_strict_is_reported(tmp_path):
 
 
 # ------------------------------------------------------------------------- the feature stage reads them
+@pytest.mark.slow
 def test_feature_function_same_code_path_on_generated_and_real(simulated, delphes_root):
     """The same read call and feature function on a real Delphes 3 file and on generated files."""
-    from pipeline.features.delphes import LLF_SIZE, N_HLF, REQUIRED_BRANCHES, compute_features
+    from pipeline.features.delphes import REQUIRED_BRANCHES, compute_features
+    from pipeline.features.layout import LLF_SIZE, N_HLF
 
     def run(path):
         return compute_features(uproot.open(path)[TREE].arrays(list(REQUIRED_BRANCHES)))
@@ -249,6 +259,7 @@ def test_feature_function_same_code_path_on_generated_and_real(simulated, delphe
     assert frac["wjets"] > 0.7 and frac["ttbar"] > 0.5 and frac["qcd"] < frac["wjets"] - 0.3, frac
 
 
+@pytest.mark.slow
 def test_feature_stage_on_generated_and_real_files(simulated, delphes_root, spark, tmp_path):
     """One Spark feature-stage run over generated files of the three classes and the real delphes.root."""
     from pipeline.config import SparkConfig

@@ -1,14 +1,16 @@
 """Per-feature standardisation fitted on the training split only (``scaling.json``).
 
 Spark-ML-like: ``FeatureScaler().fit(df)`` returns a :class:`ScalingModel` (mean and standard
-deviation per feature) and ``model.transform(...)`` applies ``(x - mean) / std``. Unlike the
+deviation per feature); the readers apply ``(x - mean) / std`` (``ScalingModel.transform_llf`` is
+the numpy form). Unlike the
 CERN code, which standardised the particles of each event on their own (turning the zero padding
 into non-zero values), the LLF statistics are over the *real* particles of all training events
 (rows ``< n_particles``) and padding stays exactly zero after the transform.
 
 ``fit`` runs one Spark pass (``mapInArrow``: per partition the count, mean and sum of squared
 deviations of each feature, merged on the driver with Chan's parallel formula), so the LLF
-arrays never reach the driver. The artefact is the contract of the training stage::
+arrays never reach the driver. The artefact is the contract of the training stage, the pydantic
+model :class:`ScalingFile`::
 
     {"hlf": {"mean": [14], "std": [14], "count": N}, "llf": {"mean": [19], "std": [19], "count": M}}
 
@@ -17,15 +19,49 @@ is defined; ``count`` says how many values the statistics came from.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Annotated, Iterator, Optional
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .delphes import LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
+from ..errors import BadInputError
 from ..spark import spark_task
+from .layout import LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
+
+
+_Mean = Annotated[float, Field(allow_inf_nan=False)]
+_Std = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class HLFStats(BaseModel):
+    """Statistics of the N_HLF high-level features over the train events."""
+
+    model_config = ConfigDict(extra="forbid")
+    mean: list[_Mean] = Field(..., min_length=N_HLF, max_length=N_HLF, description="mean of each feature")
+    std: list[_Std] = Field(..., min_length=N_HLF, max_length=N_HLF,
+                            description="standard deviation of each feature (1 where the spread is 0)")
+    count: int = Field(0, ge=0, description="number of train events")
+
+
+class LLFStats(BaseModel):
+    """Statistics of the N_LLF_FEATURES particle features over the real particles of the train events."""
+
+    model_config = ConfigDict(extra="forbid")
+    mean: list[_Mean] = Field(..., min_length=N_LLF_FEATURES, max_length=N_LLF_FEATURES,
+                              description="mean of each feature")
+    std: list[_Std] = Field(..., min_length=N_LLF_FEATURES, max_length=N_LLF_FEATURES,
+                            description="standard deviation of each feature (1 where the spread is 0)")
+    count: int = Field(0, ge=0, description="number of real particles (padding rows excluded)")
+
+
+class ScalingFile(BaseModel):
+    """``scaling.json``: the standardisation statistics fitted on the train split."""
+
+    model_config = ConfigDict(extra="forbid", title="scaling.json")
+    hlf: HLFStats
+    llf: LLFStats
 
 
 @dataclass
@@ -69,57 +105,40 @@ class ScalingModel:
     hlf_count: int = 0
     llf_count: int = 0
 
-    def to_json(self) -> dict:
-        return {"hlf": {"mean": self.hlf_mean.tolist(), "std": self.hlf_std.tolist(), "count": self.hlf_count},
-                "llf": {"mean": self.llf_mean.tolist(), "std": self.llf_std.tolist(), "count": self.llf_count}}
+    def to_file(self) -> ScalingFile:
+        return ScalingFile(hlf=HLFStats(mean=self.hlf_mean.tolist(), std=self.hlf_std.tolist(), count=self.hlf_count),
+                           llf=LLFStats(mean=self.llf_mean.tolist(), std=self.llf_std.tolist(), count=self.llf_count))
 
     def save(self, path) -> Path:
         from ..outputs import write_json
-        return write_json(path, self.to_json())
+        return write_json(path, self.to_file().model_dump())
 
     @classmethod
     def load(cls, path) -> "ScalingModel":
+        """Read and validate a ``scaling.json``; BadInputError naming the file if it is not one."""
         from ..outputs import read_json
-        d = read_json(path)
-        return cls(np.asarray(d["hlf"]["mean"], np.float64), np.asarray(d["hlf"]["std"], np.float64),
-                   np.asarray(d["llf"]["mean"], np.float64), np.asarray(d["llf"]["std"], np.float64),
-                   int(d["hlf"].get("count", 0)), int(d["llf"].get("count", 0)))
-
-    def transform_hlf(self, hlf: np.ndarray) -> np.ndarray:
-        """(n, 14) -> standardised float32."""
-        return ((np.asarray(hlf, np.float64) - self.hlf_mean) / self.hlf_std).astype(np.float32)
+        try:
+            f = ScalingFile.model_validate(read_json(path))
+        except (ValidationError, ValueError, OSError) as e:
+            raise BadInputError(f"{path}: not a valid scaling.json ({_first_error(e)})") from None
+        return cls(np.asarray(f.hlf.mean, np.float64), np.asarray(f.hlf.std, np.float64),
+                   np.asarray(f.llf.mean, np.float64), np.asarray(f.llf.std, np.float64),
+                   f.hlf.count, f.llf.count)
 
     def transform_llf(self, llf: np.ndarray, n_particles: np.ndarray) -> np.ndarray:
-        """(n, 15219) flattened particle-major -> standardised; rows >= n_particles stay 0."""
+        """(n, LLF_SIZE) flattened particle-major -> standardised; rows >= n_particles stay 0."""
         x = np.asarray(llf, np.float64).reshape(-1, N_PARTICLES, N_LLF_FEATURES)
         mask = np.arange(N_PARTICLES)[None, :] < np.asarray(n_particles)[:, None]
         y = np.where(mask[..., None], (x - self.llf_mean) / self.llf_std, 0.0)
         return y.reshape(-1, LLF_SIZE).astype(np.float32)
 
-    def transform(self, df, hlf_col: str = "hlf", llf_col: Optional[str] = "llf",
-                  n_col: str = "n_particles"):
-        """Spark DataFrame -> same columns, HLF (and LLF if present) standardised."""
-        import pyarrow as pa
 
-        model = self
-        cols = df.columns
-
-        def fn(batches: Iterator):
-            for b in batches:
-                t = pa.Table.from_batches([b])
-                out = {}
-                for c in cols:
-                    if c == hlf_col:
-                        h = _fixed(t.column(c), N_HLF)
-                        out[c] = _list_array(model.transform_hlf(h))
-                    elif llf_col and c == llf_col:
-                        x = _fixed(t.column(c), LLF_SIZE)
-                        out[c] = _list_array(model.transform_llf(x, t.column(n_col).to_numpy()))
-                    else:
-                        out[c] = t.column(c).combine_chunks()
-                yield pa.RecordBatch.from_arrays(list(out.values()), names=list(out.keys()))
-
-        return df.mapInArrow(spark_task(fn), df.schema)
+def _first_error(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        return f"{loc}: {err['msg']}" if loc else err["msg"]
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _fixed(col, width: int) -> np.ndarray:
@@ -129,14 +148,6 @@ def _fixed(col, width: int) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     vals = arr.flatten().to_numpy(zero_copy_only=False)
     return vals.reshape(len(arr), width) if len(arr) else np.zeros((0, width), np.float32)
-
-
-def _list_array(x: np.ndarray):
-    import pyarrow as pa
-
-    n, w = x.shape
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * w, type=pa.int32())
-    return pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1), type=pa.float32()))
 
 
 class FeatureScaler:
@@ -177,8 +188,3 @@ class FeatureScaler:
             res[r["what"]] = res[r["what"]].merge(Moments(r["n"], np.asarray(r["mean"]), np.asarray(r["m2"])))
         h, l_ = res["hlf"], res["llf"]
         return ScalingModel(h.mean, h.std(), l_.mean, l_.std(), int(h.n), int(l_.n))
-
-
-def load_scaling(path) -> dict:
-    """The raw ``scaling.json`` mapping."""
-    return json.loads(Path(path).read_text())

@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
@@ -51,18 +52,18 @@ from ..spark import spark_task
 from ..ingest.root import (SAMPLES_PREFIX, Chunk, FileInfo, _first_line, parse_step_size, plan_chunks,
                            resolve_files)
 from . import delphes as D
+from .layout import CLASS_LABELS, HLF_NAMES, LLF_NAMES, LLF_SIZE, N_CLASSES, N_HLF
 
 log = logging.getLogger(__name__)
-
-CLASS_LABELS = {"qcd": 0, "ttbar": 1, "tt": 1, "wjets": 2, "w+jets": 2}
-
+#: the version of schemas/hlf and schemas/llf the stage writes
+SCHEMA_VERSION = 2
 
 class SampleSpec(BaseModel):
     """One physics sample: a label and the files (paths/globs) that belong to it."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="sample name (free text, e.g. ttbar)")
-    label: int = Field(..., ge=0, le=2, description="class label: QCD=0, ttbar=1, W+jets=2 (or the class name)")
+    label: int = Field(..., ge=0, le=N_CLASSES - 1, description="class label: QCD=0, ttbar=1, W+jets=2 (or the class name)")
     files: list[str] = Field(..., min_length=1, description="paths/globs of this sample's ROOT files")
 
     @field_validator("label", mode="before")
@@ -305,21 +306,159 @@ def _thresholds(df, part_cols: list[str], order_col: str, wanted: dict) -> dict:
     return out
 
 
-def build_features(cfg: FeaturesConfig, spark=None) -> dict:
-    """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
-    "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
+@dataclass
+class _Tally:
+    """Per-chunk statuses folded into per-file and per-class counts (bad files excluded)."""
+
+    offsets: dict            # chunk_id -> first sample_id of the chunk
+    first_id: dict           # file_index -> first sample_id of the file
+    per_label: dict          # label -> selected events
+    selected: dict           # file_index -> selected events
+    read: dict               # file_index -> events read
+
+
+def _run_units(spark, units: list[Chunk], labels: dict, t_start: float):
+    """The Spark pass over the work units: (persisted feature DataFrame or None, {chunk_id: status})."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from ..outputs import atomic_output_dir, uri, write_json
-    from ..schemas import SCHEMA_DIR, load_schema, validate_parquet
-    from ..spark import get_spark
     from ..ingest.root import chunks_dataframe
+
+    if not units:
+        return None, {}
+    fn = functools.partial(_feature_partition, labels=labels)
+    feat = chunks_dataframe(spark, units).mapInArrow(spark_task(fn), _spark_schema()).persist(StorageLevel.DISK_ONLY)
+    statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
+                .select("chunk_id", "n_read", "n_selected", "error").collect()]
+    log.info("features: selection and features of %d unit(s) done (%.1f s)", len(units), time.time() - t_start)
+    return feat, {s["chunk_id"]: s for s in statuses}
+
+
+def _tally(files: list[FileInfo], units: list[Chunk], labels: dict, st: dict) -> _Tally:
+    """Mark files with a failed chunk bad; give each good chunk its contiguous sample_id range."""
+    for u in units:   # a failed chunk makes its whole file bad
+        s = st.get(u.chunk_id)
+        f = files[u.file_index]
+        if s and s["error"] and not f.error:
+            f.error = s["error"]
+            log.warning("bad input file %s: %s", f.path, f.error)
+    bad = {f.file_index for f in files if f.error}
+    t = _Tally({}, {}, {lab: 0 for lab in range(N_CLASSES)}, {f.file_index: 0 for f in files},
+               {f.file_index: 0 for f in files})
+    next_id = 0
+    for u in units:   # units are in (file, entry) order
+        if u.file_index in bad:
+            continue
+        t.offsets[u.chunk_id] = next_id
+        t.first_id.setdefault(u.file_index, next_id)
+        next_id += int(st[u.chunk_id]["n_selected"])
+    unit_file = {u.chunk_id: u.file_index for u in units}
+    for cid, s in st.items():
+        fi = unit_file[cid]
+        t.read[fi] += int(s["n_read"] or 0)
+        if fi not in bad:
+            t.selected[fi] += int(s["n_selected"])
+            t.per_label[labels[fi]] += int(s["n_selected"])
+    return t
+
+
+def _events(spark, feat, offsets: dict, seed: int):
+    """The selected events with their ``sample_id`` and the two seeded hashes ``_u`` (split), ``_v`` (balance)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    off_df = spark.createDataFrame(list(offsets.items()) or [(-1, 0)],
+                                   StructType([StructField("chunk_id", IntegerType()),
+                                               StructField("offset", LongType())]))
+    if feat is not None:
+        events = (feat.filter(F.col("kind") == 0).join(F.broadcast(off_df), "chunk_id")
+                  .withColumn("sample_id", F.col("offset") + F.col("pos")))
+    else:
+        events = spark.createDataFrame([], _spark_schema()).withColumn("sample_id", F.lit(0).cast("long"))
+    events = events.withColumn("_u", _hash_unit(F.col("sample_id"), seed, "split"))
+    return events.withColumn("_v", _hash_unit(F.col("sample_id"), seed, "balance"))
+
+
+def _split(events, per_label: dict, cfg: FeaturesConfig):
+    """Add ``split``: per class, exact counts from two thresholds of the seeded hash ``_u``.
+    Returns (events, {(split, label): count})."""
+    from pyspark.sql import functions as F
+
+    n_test = {lab: int(math.floor(n * cfg.test_fraction)) for lab, n in per_label.items()}
+    n_val = {lab: int(math.floor(n * cfg.val_fraction)) for lab, n in per_label.items()}
+    thr = _thresholds(events, ["label"], "_u", {lab: {n_test[lab], n_test[lab] + n_val[lab]} for lab in per_label})
+    expr = None
+    counts = {}
+    for lab, n in per_label.items():
+        t_test = thr.get(lab, {}).get(n_test[lab], -1.0) if n_test[lab] else -1.0
+        t_val = thr.get(lab, {}).get(n_test[lab] + n_val[lab], -1.0) if n_val[lab] else t_test
+        c_test = (F.col("label") == lab) & (F.col("_u") <= t_test)
+        c_val = (F.col("label") == lab) & (F.col("_u") <= t_val)
+        expr = (F.when(c_test, "test") if expr is None else expr.when(c_test, "test")).when(c_val, "val")
+        counts[("test", lab)], counts[("val", lab)] = n_test[lab], n_val[lab]
+        counts[("train", lab)] = n - n_test[lab] - n_val[lab]
+    train = F.lit("train")
+    return events.withColumn("split", expr.otherwise(train) if expr is not None else train), counts
+
+
+def _balance(events, counts: dict):
+    """Cut every class of every split to the split's smallest non-empty class (smallest ``_v`` kept)."""
+    from pyspark.sql import functions as F
+
+    labels = sorted({lab for _, lab in counts})
+    keep: dict = {}
+    for s in ("train", "val", "test"):
+        present = [counts[(s, lab)] for lab in labels if counts[(s, lab)] > 0]
+        m = min(present) if present else 0
+        keep.update({(s, lab): m for lab in labels if counts[(s, lab)] > m})
+    thr_b = _thresholds(events, ["split", "label"], "_v", {k: {v} for k, v in keep.items()})
+    cond = F.lit(True)
+    counts = dict(counts)
+    for (s, lab), m in keep.items():
+        tv = thr_b.get((s, lab), {}).get(m, -1.0) if m else -1.0
+        cond = cond & ~((F.col("split") == s) & (F.col("label") == lab) & (F.col("_v") > tv))
+        counts[(s, lab)] = m
+    return events.filter(cond), counts
+
+
+def _write_datasets(final, tmp: Path, cfg: FeaturesConfig, n_written: int, schema_dir: Path) -> None:
+    """``hlf/`` and ``llf/`` (file count from ``file_mb``), checked against their schemas."""
+    from ..schemas import load_schema, validate_parquet
+
+    n_llf_files = max(1, math.ceil(n_written * (LLF_SIZE + N_HLF) * 4 / (cfg.file_mb << 20)))
+    n_hlf_files = max(1, math.ceil(n_written * N_HLF * 4 / (cfg.file_mb << 20)))
+    _write(final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files, cfg.hlf_row_group_mb)
+    _write(final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"), tmp / "llf",
+           n_llf_files, cfg.llf_row_group_mb)
+    validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir))
+    validate_parquet(tmp / "llf", load_schema("llf", SCHEMA_VERSION, schema_dir))
+
+
+def _per_file(files: list[FileInfo], labels: dict, t: _Tally, written: dict) -> list[dict]:
+    out = []
+    for f in files:
+        fi = f.file_index
+        ids = [t.first_id[fi], t.first_id[fi] + t.selected[fi] - 1] if fi in t.first_id and t.selected[fi] else None
+        out.append({"file": f.path, "label": labels.get(fi), "events_read": t.read[fi],
+                    "selected": 0 if f.error else t.selected[fi], "written": 0 if f.error else written[fi],
+                    "sample_ids": ids, "error": f.error})
+    return out
+
+
+def build_features(cfg: FeaturesConfig, spark=None) -> dict:
+    """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
+    "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
+    from pyspark.sql import functions as F
+
+    from ..outputs import atomic_output_dir, write_json
+    from ..schemas import SCHEMA_DIR, load_schema
+    from ..spark import get_spark
     from .scaling import FeatureScaler
 
     t_start = time.time()
     schema_dir = Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR
-    hlf_schema, llf_schema = load_schema("hlf", 1, schema_dir), load_schema("llf", 1, schema_dir)
+    for name in ("hlf", "llf"):       # a missing or broken schema fails before any work
+        load_schema(name, SCHEMA_VERSION, schema_dir)
     files, units, labels, notes = plan_units(cfg)
     for n in notes:
         log.info("%s", n)
@@ -331,144 +470,53 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     out = Path(cfg.output).expanduser().absolute()
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     with atomic_output_dir(out) as tmp:
-        feat = None
-        statuses = []
-        if units:
-            fn = functools.partial(_feature_partition, labels=labels)
-            feat = chunks_dataframe(spark, units).mapInArrow(spark_task(fn), _spark_schema()).persist(StorageLevel.DISK_ONLY)
-            statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
-                        .select("chunk_id", "n_read", "n_selected", "error").collect()]
-            log.info("features: selection and features of %d unit(s) done (%.1f s)", len(units), time.time() - t_start)
-        st = {s["chunk_id"]: s for s in statuses}
-        unit_file = {u.chunk_id: u.file_index for u in units}
-        for u in units:   # a failed chunk makes its whole file bad
-            s = st.get(u.chunk_id)
-            f = files[u.file_index]
-            if s and s["error"] and not f.error:
-                f.error = s["error"]
-                log.warning("bad input file %s: %s", f.path, f.error)
-        bad = {f.file_index for f in files if f.error}
-        offsets, next_id = {}, 0
-        first_id: dict[int, int] = {}
-        for u in units:   # units are in (file, entry) order
-            if u.file_index in bad:
-                continue
-            offsets[u.chunk_id] = next_id
-            first_id.setdefault(u.file_index, next_id)
-            next_id += int(st[u.chunk_id]["n_selected"])
-        per_label = {lab: 0 for lab in (0, 1, 2)}
-        sel_file = {f.file_index: 0 for f in files}
-        read_file = {f.file_index: 0 for f in files}
-        for cid, s in st.items():
-            fi = unit_file[cid]
-            read_file[fi] += int(s["n_read"] or 0)
-            if fi not in bad:
-                sel_file[fi] += int(s["n_selected"])
-                per_label[labels[fi]] += int(s["n_selected"])
-
-        from pyspark.sql.types import IntegerType, LongType, StructField, StructType
-        off_df = spark.createDataFrame(list(offsets.items()) or [(-1, 0)],
-                                       StructType([StructField("chunk_id", IntegerType()),
-                                                   StructField("offset", LongType())]))
-        if feat is not None:
-            events = (feat.filter(F.col("kind") == 0).join(F.broadcast(off_df), "chunk_id")
-                      .withColumn("sample_id", F.col("offset") + F.col("pos")))
-        else:
-            events = spark.createDataFrame([], _spark_schema()).withColumn("sample_id", F.lit(0).cast("long"))
-        events = events.withColumn("_u", _hash_unit(F.col("sample_id"), cfg.seed, "split"))
-        events = events.withColumn("_v", _hash_unit(F.col("sample_id"), cfg.seed, "balance"))
-
-        # split: exact per-class counts from two thresholds of the seeded hash
-        n_test = {lab: int(math.floor(n * cfg.test_fraction)) for lab, n in per_label.items()}
-        n_val = {lab: int(math.floor(n * cfg.val_fraction)) for lab, n in per_label.items()}
-        thr = _thresholds(events, ["label"], "_u", {lab: {n_test[lab], n_test[lab] + n_val[lab]} for lab in per_label})
-        split = F.lit("train")
-        conds = []
-        for lab in per_label:
-            t_test = thr.get(lab, {}).get(n_test[lab], -1.0) if n_test[lab] else -1.0
-            t_val = thr.get(lab, {}).get(n_test[lab] + n_val[lab], -1.0) if n_val[lab] else t_test
-            conds.append((lab, t_test, t_val))
-        expr = None
-        for lab, t_test, t_val in conds:
-            c_test = (F.col("label") == lab) & (F.col("_u") <= t_test)
-            c_val = (F.col("label") == lab) & (F.col("_u") <= t_val)
-            expr = (F.when(c_test, "test") if expr is None else expr.when(c_test, "test")).when(c_val, "val")
-        events = events.withColumn("split", expr.otherwise(split) if expr is not None else split)
-        counts = {}
-        for lab, n in per_label.items():
-            counts[("test", lab)] = n_test[lab]
-            counts[("val", lab)] = n_val[lab]
-            counts[("train", lab)] = n - n_test[lab] - n_val[lab]
-
+        feat, st = _run_units(spark, units, labels, t_start)
+        tally = _tally(files, units, labels, st)
+        events, counts = _split(_events(spark, feat, tally.offsets, cfg.seed), tally.per_label, cfg)
         if cfg.balance_classes:
-            keep: dict = {}
-            for s in ("train", "val", "test"):
-                present = [counts[(s, lab)] for lab in per_label if counts[(s, lab)] > 0]
-                m = min(present) if present else 0
-                for lab in per_label:
-                    if counts[(s, lab)] > m:
-                        keep[(s, lab)] = m
-            thr_b = _thresholds(events, ["split", "label"], "_v", {k: {v} for k, v in keep.items()})
-            cond = F.lit(True)
-            for (s, lab), m in keep.items():
-                tv = thr_b.get((s, lab), {}).get(m, -1.0) if m else -1.0
-                cond = cond & ~((F.col("split") == s) & (F.col("label") == lab) & (F.col("_v") > tv))
-                counts[(s, lab)] = m
-            events = events.filter(cond)
-
+            events, counts = _balance(events, counts)
         final = events.select("sample_id", "label", "split", "hlf", "llf", "n_particles", "chunk_id")
         n_written = sum(counts.values())
-        written = final.groupBy("chunk_id", "split").count().collect()
+        unit_file = {u.chunk_id: u.file_index for u in units}
         wr_file = {f.file_index: 0 for f in files}
         split_counts = {"train": 0, "val": 0, "test": 0}
-        for r in written:
+        for r in final.groupBy("chunk_id", "split").count().collect():
             wr_file[unit_file[r["chunk_id"]]] += r["count"]
             split_counts[r["split"]] += r["count"]
-
         log.info("features: split%s done (%.1f s)", " and balancing" if cfg.balance_classes else "",
                  time.time() - t_start)
         model = FeatureScaler().fit(final.filter(F.col("split") == "train"))
         model.save(tmp / "scaling.json")
         log.info("features: scaling fitted on %d train events (%.1f s)", model.hlf_count, time.time() - t_start)
-
-        llf_bytes = n_written * (D.LLF_SIZE + D.N_HLF) * 4
-        n_llf_files = max(1, math.ceil(llf_bytes / (cfg.file_mb << 20)))
-        n_hlf_files = max(1, math.ceil(n_written * D.N_HLF * 4 / (cfg.file_mb << 20)))
-        _write(final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files, cfg.hlf_row_group_mb)
-        _write(final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"), tmp / "llf",
-               n_llf_files, cfg.llf_row_group_mb)
-        validate_parquet(tmp / "hlf", hlf_schema)
-        validate_parquet(tmp / "llf", llf_schema)
+        _write_datasets(final, tmp, cfg, n_written, schema_dir)
         if feat is not None:
             feat.unpersist()
-
-        per_file = []
-        for f in files:
-            per_file.append({"file": f.path, "label": labels.get(f.file_index), "events_read": read_file[f.file_index],
-                             "selected": 0 if f.error else sel_file[f.file_index],
-                             "written": 0 if f.error else wr_file[f.file_index],
-                             "sample_ids": ([first_id[f.file_index], first_id[f.file_index] + sel_file[f.file_index] - 1]
-                                            if f.file_index in first_id and sel_file[f.file_index] else None),
-                             "error": f.error})
+        per_file = _per_file(files, labels, tally, wr_file)
         report = {"job": "features", "files": per_file,
                   "bad_files": [{"file": p["file"], "reason": p["error"]} for p in per_file if p["error"]],
                   "notes": notes, "splits": split_counts,
-                  "classes": {str(lab): {s: counts[(s, lab)] for s in ("train", "val", "test")} for lab in per_label},
+                  "classes": {str(lab): {s: counts[(s, lab)] for s in ("train", "val", "test")}
+                              for lab in tally.per_label},
                   "seed": cfg.seed, "balance_classes": cfg.balance_classes,
                   "hlf": str(out / "hlf"), "llf": str(out / "llf"), "scaling": str(out / "scaling.json"),
-                  "report": str(out / "report.json"), "hlf_names": D.HLF_NAMES, "llf_names": D.LLF_NAMES,
+                  "report": str(out / "report.json"), "hlf_names": list(HLF_NAMES), "llf_names": list(LLF_NAMES),
                   "seconds": round(time.time() - t_start, 3)}
         write_json(tmp / "report.json", report)
-    for p in per_file:
+    _finish(report, out, len(files), n_written, split_counts, cfg.allow_bad_files)
+    return report
+
+
+def _finish(report: dict, out: Path, n_files: int, n_written: int, split_counts: dict, allow_bad: bool) -> None:
+    """One line per file on stdout; BadInputError naming the first bad file unless ``allow_bad``."""
+    for p in report["files"]:
         state = f" FAILED: {p['error']}" if p["error"] else ""
         print(f"{p['file']}: {p['events_read']} events read, {p['selected']} selected, {p['written']} written{state}")
     log.info("features: %d events written (train %d, val %d, test %d) -> %s", n_written, split_counts["train"],
              split_counts["val"], split_counts["test"], out)
-    if report["bad_files"] and not cfg.allow_bad_files:
+    if report["bad_files"] and not allow_bad:
         b = report["bad_files"][0]
-        raise BadInputError(f"{len(report['bad_files'])} of {len(files)} input file(s) failed (see "
+        raise BadInputError(f"{len(report['bad_files'])} of {n_files} input file(s) failed (see "
                             f"{out}/report.json); {b['file']}: {b['reason']}")
-    return report
 
 
 def _write(df, path: Path, n_files: int, row_group_mb: float) -> None:

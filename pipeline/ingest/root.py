@@ -80,7 +80,7 @@ class IngestRootConfig(StageConfig):
     entry_stop: Optional[int] = Field(None, ge=0, description="stop entry of every file (default: all)")
     allow_bad_files: bool = Field(False, description="exit 0 even if some files could not be ingested")
     schema_name: Optional[str] = Field(None, description="name under schemas/ (default root/<tree>)")
-    schema_dir: Optional[str] = Field(None, description="schemas folder (default: the repository's schemas/)")
+    schema_dir: Optional[str] = Field(None, description="registry folder for derived schema versions (default: none; the schema is stored next to the output as _schema.json; the repository's schemas/ is only read)")
     row_group_rows: Optional[int] = Field(None, gt=0, description="Parquet row group rows (default: one per chunk)")
 
     @field_validator("input")
@@ -541,7 +541,8 @@ def plan_ingest_root(cfg: IngestRootConfig) -> dict:
     return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
             "output": str(Path(cfg.output).expanduser().absolute()),
             "report": str(Path(cfg.output).expanduser().absolute() / "_report.json"),
-            "schema": f"schemas/{cfg.schema_name or default_schema_name(cfg.tree)}/v<N>.json"}
+            "schema": str(Path(cfg.output).expanduser().absolute() / "_schema.json"),
+            "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
 
 
 def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
@@ -556,7 +557,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     import functools
 
     from ..outputs import atomic_output_dir, write_json
-    from ..schemas import SCHEMA_DIR, register_schema
+    from ..schemas import register_schema
     from ..spark import get_spark
 
     t_start = time.time()
@@ -600,7 +601,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         name = cfg.schema_name or default_schema_name(cfg.tree)
         ds = register_schema(name, schema, description=f"ROOT tree {cfg.tree!r} ingested by jobs/ingest_root.py",
                              metadata={"tree": cfg.tree, "filter_name": cfg.filter_name},
-                             schema_dir=Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR)
+                             registry_dir=Path(cfg.schema_dir) if cfg.schema_dir else None)
         report = {"job": "ingest_root", "tree": cfg.tree, "filter_name": cfg.filter_name,
                   "branches": branches, "schema": {"name": ds.name, "version": ds.version},
                   "output": str(Path(cfg.output).expanduser().absolute()), "rows": n_rows,

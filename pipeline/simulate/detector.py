@@ -113,7 +113,29 @@ def simulate_detector(prt, info, cfg: DetectorConfig, rng: np.random.Generator, 
     """Run the detector model on ``prt`` (``n * var * particle`` awkward records) -> :class:`Collections`.
 
     ``charge_of(pdg_ids) -> charges`` gives the electric charge of PDG ids (from Pythia's particle data).
+    Steps 1-8 of the module docstring, in this order (the random draws too).
     """
+    n_ev = len(prt)
+    fs = _final_state(prt, charge_of)
+    fs["kind"] = _classify(fs, cfg)
+    c = _candidates(fs, cfg, rng, n_ev)
+    cols, cnts = {}, {}
+    for name, (fields, mask) in _eflow(c).items():
+        cols[name] = fields
+        cnts[name] = np.bincount(c["evt"][mask], minlength=n_ev).astype(np.int64)
+    for name, pid, eff in (("Electron", 11, cfg.electron_efficiency), ("Muon", 13, cfg.muon_efficiency)):
+        cols[name], lev = _leptons(c, cfg, rng, pid, eff)
+        cnts[name] = np.bincount(lev, minlength=n_ev).astype(np.int64)
+    cols["Jet"], cnts["Jet"] = _jets(cfg, rng, n_ev, c["n"], c["start"], c["px"], c["py"], c["pz"], c["e"],
+                                     c["kind"], c["q"], c["pdg"], c["from_b"], c["from_c"])
+    cols["MissingET"] = _missing_et(c, n_ev)
+    cols["Event"] = _event_info(info, n_ev, first_event_number, process_id)
+    cnts["MissingET"], cnts["Event"] = np.ones(n_ev, dtype=np.int64), np.ones(n_ev, dtype=np.int64)
+    return Collections(n_events=n_ev, cols=cols, counts=cnts)
+
+
+def _final_state(prt, charge_of) -> dict:
+    """Flat columns of the final-state particles (status > 0) with their heavy-flavour ancestry."""
     import awkward as ak
 
     n_ev = len(prt)
@@ -121,135 +143,128 @@ def simulate_detector(prt, info, cfg: DetectorConfig, rng: np.random.Generator, 
     starts = np.cumsum(counts) - counts
     evt_all = np.repeat(np.arange(n_ev), counts)
     pdg = _flat(prt.id).astype(np.int64)
-    status = _flat(prt.status)
     m1 = _flat(prt.mother1).astype(np.int64)
     m1g = np.where(m1 > 0, m1 + starts[evt_all], np.arange(len(m1)))
     from_b, from_c = ancestry_flags(pdg, m1g)
-
-    final = status > 0
-    pdg_f = pdg[final]
-    evt = evt_all[final]
-    px = _flat(prt.p.px)[final]
-    py = _flat(prt.p.py)[final]
-    pz = _flat(prt.p.pz)[final]
-    e = _flat(prt.p.e)[final]
+    final = _flat(prt.status) > 0
     vtx = ak.fill_none(prt.vProd, {"px": 0.0, "py": 0.0, "pz": 0.0, "e": 0.0})
-    vx, vy, vz, vt = (_flat(vtx[c])[final] for c in ("px", "py", "pz", "e"))
-    from_b, from_c = from_b[final], from_c[final]
-    charge = charge_of(pdg_f)
-    apdg = np.abs(pdg_f)
-    pt, eta, phi = _pt_eta_phi(px, py, pz)
-    aeta = np.abs(eta)
+    fs = {"pdg": pdg[final], "evt": evt_all[final], "from_b": from_b[final], "from_c": from_c[final]}
+    for name, arr in (("px", prt.p.px), ("py", prt.p.py), ("pz", prt.p.pz), ("e", prt.p.e),
+                      ("vx", vtx.px), ("vy", vtx.py), ("vz", vtx.pz), ("vt", vtx.e)):
+        fs[name] = _flat(arr)[final]
+    fs["q"] = charge_of(fs["pdg"])
+    fs["pt"], fs["eta"], fs["phi"] = _pt_eta_phi(fs["px"], fs["py"], fs["pz"])
+    return fs
 
+
+def _classify(fs: dict, cfg: DetectorConfig) -> np.ndarray:
+    """The EFlow kind of every final-state particle (-1: not seen)."""
+    apdg, aeta, charge = np.abs(fs["pdg"]), np.abs(fs["eta"]), fs["q"]
     invisible = np.isin(apdg, (12, 14, 16))
     charged = (charge != 0) & ~invisible
     in_tracker = charged & (aeta < cfg.track_eta_max)
     in_calo_only = charged & ~in_tracker & (aeta < cfg.calo_eta_max)
-    kind = np.full(len(pdg_f), -1, dtype=np.int8)
+    kind = np.full(len(apdg), -1, dtype=np.int8)
     kind[in_tracker] = KIND_TRACK
     kind[(apdg == 22) | (in_calo_only & (apdg == 11))] = KIND_PHOTON
     neutral_had = ~charged & ~invisible & (apdg != 22)
     kind[neutral_had | (in_calo_only & (apdg != 11) & (apdg != 13))] = KIND_NEUTRAL
     kind[(kind != KIND_TRACK) & (aeta >= cfg.calo_eta_max)] = -1
+    return kind
 
-    # --- smearing (scale the four-momentum), then thresholds -------------------------------
+
+def _candidates(fs: dict, cfg: DetectorConfig, rng: np.random.Generator, n_ev: int) -> dict:
+    """Smear the four-momenta, apply the thresholds: the event-ordered table of all EFlow candidates,
+    with ``n`` (candidates per event) and ``start`` (first candidate of each event)."""
+    kind, pt, e = fs["kind"], fs["pt"], fs["e"]
     sm = cfg.smearing
+    px, py, pz = fs["px"], fs["py"], fs["pz"]
     if sm.enabled:
-        f = np.ones(len(pdg_f))
+        f = np.ones(len(kind))
         t = kind == KIND_TRACK
         f[t] = _smear_factor(rng, np.hypot(sm.track_a, sm.track_b * pt[t]))
         g = kind == KIND_PHOTON
-        eg = np.maximum(e[g], 1e-9)
-        f[g] = _smear_factor(rng, np.hypot(sm.photon_stochastic / np.sqrt(eg), sm.photon_constant))
+        f[g] = _smear_factor(rng, np.hypot(sm.photon_stochastic / np.sqrt(np.maximum(e[g], 1e-9)),
+                                           sm.photon_constant))
         h = kind == KIND_NEUTRAL
-        eh = np.maximum(e[h], 1e-9)
-        f[h] = _smear_factor(rng, np.hypot(sm.hadron_stochastic / np.sqrt(eh), sm.hadron_constant))
+        f[h] = _smear_factor(rng, np.hypot(sm.hadron_stochastic / np.sqrt(np.maximum(e[h], 1e-9)),
+                                           sm.hadron_constant))
         px, py, pz, e, pt = px * f, py * f, pz * f, e * f, pt * f
     et = np.where(e > 0, e * pt / np.maximum(np.sqrt(pt ** 2 + pz ** 2), 1e-12), 0.0)
     keep = ((kind == KIND_TRACK) & (pt > cfg.track_pt_min)) | \
            (((kind == KIND_PHOTON) | (kind == KIND_NEUTRAL)) & (et > cfg.calo_et_min))
+    c = {"px": px[keep], "py": py[keep], "pz": pz[keep], "e": e[keep], "pt": pt[keep], "et": et[keep]}
+    for name in ("evt", "kind", "eta", "phi", "pdg", "q", "from_b", "from_c", "vx", "vy", "vz", "vt"):
+        c[name] = fs[name][keep]
+    c["n"] = np.bincount(c["evt"], minlength=n_ev).astype(np.int64)
+    c["start"] = np.cumsum(c["n"]) - c["n"]
+    return c
 
-    # candidate table (all EFlow objects, event-ordered)
-    c_evt, c_kind = evt[keep], kind[keep]
-    c_px, c_py, c_pz, c_e, c_pt, c_eta, c_phi, c_et = (a[keep] for a in (px, py, pz, e, pt, eta, phi, et))
-    c_pdg, c_q = pdg_f[keep], charge[keep]
-    c_b, c_c = from_b[keep], from_c[keep]
-    c_vx, c_vy, c_vz, c_vt = (a[keep] for a in (vx, vy, vz, vt))
-    n_cand = np.bincount(c_evt, minlength=n_ev).astype(np.int64)
-    cand_start = np.cumsum(n_cand) - n_cand
 
-    cols, cnts = {}, {}
-
-    def put(name, mask, fields):
-        cols[name] = fields
-        cnts[name] = np.bincount(c_evt[mask], minlength=n_ev).astype(np.int64)
-
-    # --- EFlowTrack ---------------------------------------------------------------------------
-    tr = c_kind == KIND_TRACK
-    t_p = np.sqrt(c_pt[tr] ** 2 + c_pz[tr] ** 2)
-    t_mass = np.sqrt(np.clip(c_e[tr] ** 2 - t_p ** 2, 0, None))
-    t_vx, t_vy, t_vz = c_vx[tr], c_vy[tr], c_vz[tr]
-    t_d0 = (t_vx * c_py[tr] - t_vy * c_px[tr]) / c_pt[tr]
-    t_dz = t_vz - (t_vx * c_px[tr] + t_vy * c_py[tr]) / c_pt[tr] * (c_pz[tr] / c_pt[tr])
-    put("EFlowTrack", tr, {
-        "PID": c_pdg[tr], "Charge": c_q[tr], "P": t_p, "PT": c_pt[tr], "Eta": c_eta[tr], "Phi": c_phi[tr],
-        "CtgTheta": c_pz[tr] / c_pt[tr], "Mass": t_mass, "T": c_vt[tr] / C_LIGHT_MM_PER_S,
-        "X": t_vx, "Y": t_vy, "Z": t_vz, "D0": t_d0, "DZ": t_dz,
-    })
-
-    # --- EFlowPhoton / EFlowNeutralHadron -------------------------------------------------------
+def _eflow(c: dict) -> dict:
+    """{collection: (fields, mask over the candidates)} of EFlowTrack, EFlowPhoton, EFlowNeutralHadron."""
+    tr = c["kind"] == KIND_TRACK
+    px, py, pz, pt = c["px"][tr], c["py"][tr], c["pz"][tr], c["pt"][tr]
+    p = np.sqrt(pt ** 2 + pz ** 2)
+    vx, vy, vz = c["vx"][tr], c["vy"][tr], c["vz"][tr]
+    out = {"EFlowTrack": ({
+        "PID": c["pdg"][tr], "Charge": c["q"][tr], "P": p, "PT": pt, "Eta": c["eta"][tr], "Phi": c["phi"][tr],
+        "CtgTheta": pz / pt, "Mass": np.sqrt(np.clip(c["e"][tr] ** 2 - p ** 2, 0, None)),
+        "T": c["vt"][tr] / C_LIGHT_MM_PER_S, "X": vx, "Y": vy, "Z": vz, "D0": (vx * py - vy * px) / pt,
+        "DZ": vz - (vx * px + vy * py) / pt * (pz / pt),
+    }, tr)}
     for name, k, em in (("EFlowPhoton", KIND_PHOTON, True), ("EFlowNeutralHadron", KIND_NEUTRAL, False)):
-        m = c_kind == k
+        m = c["kind"] == k
         z = np.zeros(int(m.sum()))
-        put(name, m, {
-            "ET": c_et[m], "Eta": c_eta[m], "Phi": c_phi[m], "E": c_e[m], "T": c_vt[m] / C_LIGHT_MM_PER_S,
-            "NTimeHits": z.astype(np.int32), "Eem": c_e[m] if em else z, "Ehad": z if em else c_e[m], "Etrk": z,
-        })
+        e = c["e"][m]
+        out[name] = ({
+            "ET": c["et"][m], "Eta": c["eta"][m], "Phi": c["phi"][m], "E": e, "T": c["vt"][m] / C_LIGHT_MM_PER_S,
+            "NTimeHits": z.astype(np.int32), "Eem": e if em else z, "Ehad": z if em else e, "Etrk": z,
+        }, m)
+    return out
 
-    # --- leptons with isolation ---------------------------------------------------------------------
-    lep_base = tr & (c_pt > cfg.lepton_pt_min) & (np.abs(c_eta) < cfg.lepton_eta_max)
-    for name, pid, eff in (("Electron", 11, cfg.electron_efficiency), ("Muon", 13, cfg.muon_efficiency)):
-        cand = np.flatnonzero(lep_base & (np.abs(c_pdg) == pid))
-        cand = cand[rng.random(len(cand)) < eff]
-        lev = c_evt[cand]
-        seg, pos = _segment_index(n_cand[lev])            # every (lepton, candidate of its event) pair
-        other = cand_start[lev][seg] + pos
-        dr2 = (c_eta[other] - c_eta[cand][seg]) ** 2 + _delta_phi(c_phi[other], c_phi[cand][seg]) ** 2
-        inside = (dr2 < cfg.isolation_cone ** 2) & (other != cand[seg])
-        is_trk = c_kind[other] == KIND_TRACK
-        sum_ch = np.bincount(seg[inside & is_trk], weights=c_pt[other][inside & is_trk], minlength=len(cand))
-        sum_ne = np.bincount(seg[inside & ~is_trk], weights=c_et[other][inside & ~is_trk], minlength=len(cand))
-        lpt = c_pt[cand]
-        iso = (sum_ch + sum_ne) / lpt
-        zero = np.zeros(len(cand))
-        fields = {"PT": lpt, "Eta": c_eta[cand], "Phi": c_phi[cand], "T": c_vt[cand] / C_LIGHT_MM_PER_S,
-                  "Charge": c_q[cand]}
-        if pid == 11:
-            fields["EhadOverEem"] = zero
-        vx_, vy_, vz_ = c_vx[cand], c_vy[cand], c_vz[cand]
-        fields.update({"IsolationVar": iso, "IsolationVarRhoCorr": iso, "SumPtCharged": sum_ch,
-                       "SumPtNeutral": sum_ne, "SumPtChargedPU": zero, "SumPt": sum_ch + sum_ne,
-                       "D0": (vx_ * c_py[cand] - vy_ * c_px[cand]) / lpt,
-                       "DZ": vz_ - (vx_ * c_px[cand] + vy_ * c_py[cand]) / lpt * (c_pz[cand] / lpt),
-                       "ErrorD0": zero, "ErrorDZ": zero})
-        cols[name] = fields
-        cnts[name] = np.bincount(lev, minlength=n_ev).astype(np.int64)
 
-    # --- jets ---------------------------------------------------------------------------------------
-    cols["Jet"], cnts["Jet"] = _jets(cfg, rng, n_ev, n_cand, cand_start, c_px, c_py, c_pz, c_e, c_kind,
-                                     c_q, c_pdg, c_b, c_c)
+def _leptons(c: dict, cfg: DetectorConfig, rng: np.random.Generator, pid: int, eff: float):
+    """(fields, event of each lepton) of the electrons (pid 11) or muons (13), with Delphes isolation."""
+    lep_base = (c["kind"] == KIND_TRACK) & (c["pt"] > cfg.lepton_pt_min) & (np.abs(c["eta"]) < cfg.lepton_eta_max)
+    cand = np.flatnonzero(lep_base & (np.abs(c["pdg"]) == pid))
+    cand = cand[rng.random(len(cand)) < eff]
+    lev = c["evt"][cand]
+    seg, pos = _segment_index(c["n"][lev])            # every (lepton, candidate of its event) pair
+    other = c["start"][lev][seg] + pos
+    eta, phi = c["eta"], c["phi"]
+    dr2 = (eta[other] - eta[cand][seg]) ** 2 + _delta_phi(phi[other], phi[cand][seg]) ** 2
+    inside = (dr2 < cfg.isolation_cone ** 2) & (other != cand[seg])
+    is_trk = c["kind"][other] == KIND_TRACK
+    sum_ch = np.bincount(seg[inside & is_trk], weights=c["pt"][other][inside & is_trk], minlength=len(cand))
+    sum_ne = np.bincount(seg[inside & ~is_trk], weights=c["et"][other][inside & ~is_trk], minlength=len(cand))
+    lpt, px, py, pz = c["pt"][cand], c["px"][cand], c["py"][cand], c["pz"][cand]
+    vx, vy, vz = c["vx"][cand], c["vy"][cand], c["vz"][cand]
+    iso = (sum_ch + sum_ne) / lpt
+    zero = np.zeros(len(cand))
+    fields = {"PT": lpt, "Eta": eta[cand], "Phi": phi[cand], "T": c["vt"][cand] / C_LIGHT_MM_PER_S,
+              "Charge": c["q"][cand]}
+    if pid == 11:
+        fields["EhadOverEem"] = zero
+    fields.update({"IsolationVar": iso, "IsolationVarRhoCorr": iso, "SumPtCharged": sum_ch,
+                   "SumPtNeutral": sum_ne, "SumPtChargedPU": zero, "SumPt": sum_ch + sum_ne,
+                   "D0": (vx * py - vy * px) / lpt, "DZ": vz - (vx * px + vy * py) / lpt * (pz / lpt),
+                   "ErrorD0": zero, "ErrorDZ": zero})
+    return fields, lev
 
-    # --- missing ET ---------------------------------------------------------------------------------
-    sx = np.bincount(c_evt, weights=c_px, minlength=n_ev)
-    sy = np.bincount(c_evt, weights=c_py, minlength=n_ev)
-    sz = np.bincount(c_evt, weights=c_pz, minlength=n_ev)
-    met, meta, mphi = _pt_eta_phi(-sx, -sy, -sz)
-    cols["MissingET"] = {"MET": met, "Eta": meta, "Phi": mphi}
-    cnts["MissingET"] = np.ones(n_ev, dtype=np.int64)
 
-    # --- event information --------------------------------------------------------------------------
+def _missing_et(c: dict, n_ev: int) -> dict:
+    """Minus the vector sum of all EFlow candidates of each event."""
+    s = [np.bincount(c["evt"], weights=c[k], minlength=n_ev) for k in ("px", "py", "pz")]
+    met, meta, mphi = _pt_eta_phi(-s[0], -s[1], -s[2])
+    return {"MET": met, "Eta": meta, "Phi": mphi}
+
+
+def _event_info(info, n_ev: int, first_event_number: int, process_id: int) -> dict:
+    import awkward as ak
+
     w = ak.to_numpy(ak.firsts(info.weights)) if "weights" in info.fields else np.ones(n_ev)
-    cols["Event"] = {
+    return {
         "Number": first_event_number + np.arange(n_ev, dtype=np.int64),
         "ProcessID": np.full(n_ev, process_id, dtype=np.int32),
         "Weight": np.nan_to_num(np.asarray(w, dtype=np.float64), nan=1.0),
@@ -258,8 +273,6 @@ def simulate_detector(prt, info, cfg: DetectorConfig, rng: np.random.Generator, 
         "ID1": ak.to_numpy(info.id1), "ID2": ak.to_numpy(info.id2),
         "X1": ak.to_numpy(info.x1), "X2": ak.to_numpy(info.x2),
     }
-    cnts["Event"] = np.ones(n_ev, dtype=np.int64)
-    return Collections(n_events=n_ev, cols=cols, counts=cnts)
 
 
 def _jets(cfg, rng, n_ev, n_cand, cand_start, px, py, pz, e, kind, q, pdg, from_b, from_c):
@@ -274,7 +287,7 @@ def _jets(cfg, rng, n_ev, n_cand, cand_start, px, py, pz, e, kind, q, pdg, from_
 
         with _quiet_stdout():
             cs = fastjet.ClusterSequence(vectors, jetdef)
-            jets = cs.inclusive_jets(min_pt=cfg.jet_pt_min)
+            cs.inclusive_jets(min_pt=cfg.jet_pt_min)
         _FASTJET_BANNER_SHOWN = True
     else:
         cs = fastjet.ClusterSequence(vectors, jetdef)

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
+from ..features.layout import CLASS_LABELS
 
-PROCESS_CODE = {"ttbar": 1, "wjets": 2, "qcd": 0}   # = the class label of the feature datasets
 PYTHIA_MAX_SEED = 900_000_000
 B_HADRONS_WEAK = (511, 521, 531, 541, 5122, 5132, 5232, 5332)
 
@@ -49,7 +49,7 @@ COMMON_SETTINGS = (
 
 def derive_seeds(run_seed: int, process: str, task_index: int) -> tuple[int, int]:
     """(Pythia seed in [1, 900,000,000], numpy seed) for one task; pure function of its arguments."""
-    state = np.random.SeedSequence([int(run_seed), PROCESS_CODE[process], int(task_index)]).generate_state(
+    state = np.random.SeedSequence([int(run_seed), CLASS_LABELS[process], int(task_index)]).generate_state(
         2, dtype=np.uint64)
     return int(state[0] % PYTHIA_MAX_SEED) + 1, int(state[1])
 

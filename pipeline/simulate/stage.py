@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from ..errors import BadInputError, ConfigError, PipelineError
+from ..features.layout import CLASS_LABELS
 from ..outputs import atomic_output_dir, local_path, write_json
 from ..spark import spark_task
 from .config import SimulateConfig
-from .generator import PROCESS_CODE, derive_seeds, process_settings
+from .generator import derive_seeds, process_settings
 
 log = logging.getLogger(__name__)
 SIDECAR = "simulation.json"
@@ -79,7 +80,7 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
         rng = np.random.default_rng(task["numpy_seed"])
         path = Path(out_dir) / task["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        first_number = PROCESS_CODE[p] * 10**9 + task["first_event"]
+        first_number = CLASS_LABELS[p] * 10**9 + task["first_event"]
 
         def chunks():
             done = 0
@@ -87,7 +88,7 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
                 n = min(CHUNK_EVENTS, task["events"] - done)
                 b = gen.generate(n, cfg.batch_size, max_attempts=cfg.max_attempts_factor * n)
                 yield simulate_detector(b.prt, b.info, cfg.detector, rng, gen.charge_of,
-                                        first_event_number=first_number + done, process_id=PROCESS_CODE[p])
+                                        first_event_number=first_number + done, process_id=CLASS_LABELS[p])
                 done += n
 
         n_written = write_delphes(path, chunks())
@@ -184,7 +185,7 @@ def generate(cfg: SimulateConfig, spark=None) -> dict:
             att, passed = sum(r["attempts"] for r in rs), sum(r["passed"] for r in rs)
             xs = [r["cross_section_pb"] for r in rs]
             procs[p] = {
-                "label": PROCESS_CODE[p], "pythia_settings": settings_for(cfg, p),
+                "label": CLASS_LABELS[p], "pythia_settings": settings_for(cfg, p),
                 "lepton_filter": p in cfg.lepton_filter.processes,
                 "events": sum(r["events"] for r in rs), "generated": att, "passed_filter": passed,
                 "filter_efficiency": passed / att if att else None,

@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..features.layout import N_CLASSES, N_HLF, N_LLF_FEATURES
+
 
 class LeNet5(nn.Module):
     def __init__(self, in_channels: int = 1, height: int = 28, width: int = 28, num_classes: int = 10):
@@ -85,7 +87,7 @@ class ResNet20(nn.Module):
 
 
 class HLFClassifier(nn.Module):
-    def __init__(self, n_inputs: int = 14, num_classes: int = 3):
+    def __init__(self, n_inputs: int = N_HLF, num_classes: int = N_CLASSES):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(n_inputs, 50), nn.ReLU(), nn.Linear(50, 20), nn.ReLU(),
                                  nn.Linear(20, 10), nn.ReLU(), nn.Linear(10, num_classes))
@@ -97,7 +99,7 @@ class HLFClassifier(nn.Module):
 class GRUBranch(nn.Module):
     """GRU over (batch, particles, features); returns the hidden state after the last real particle."""
 
-    def __init__(self, n_features: int = 19, width: int = 50):
+    def __init__(self, n_features: int = N_LLF_FEATURES, width: int = 50):
         super().__init__()
         self.gru = nn.GRU(n_features, width, batch_first=True)
 
@@ -109,7 +111,7 @@ class GRUBranch(nn.Module):
 
 
 class ParticleGRU(nn.Module):
-    def __init__(self, n_features: int = 19, width: int = 50, num_classes: int = 3):
+    def __init__(self, n_features: int = N_LLF_FEATURES, width: int = 50, num_classes: int = N_CLASSES):
         super().__init__()
         self.branch = GRUBranch(n_features, width)
         self.fc = nn.Linear(width, num_classes)
@@ -119,7 +121,8 @@ class ParticleGRU(nn.Module):
 
 
 class InclusiveClassifier(nn.Module):
-    def __init__(self, n_features: int = 19, width: int = 50, n_hlf: int = 14, num_classes: int = 3):
+    def __init__(self, n_features: int = N_LLF_FEATURES, width: int = 50, n_hlf: int = N_HLF,
+                 num_classes: int = N_CLASSES):
         super().__init__()
         self.branch = GRUBranch(n_features, width)
         self.fc1 = nn.Linear(width + n_hlf, 25)
@@ -137,7 +140,7 @@ def build_model(name: str, num_classes: int, shape: dict | None = None) -> nn.Mo
     if name == "resnet20":
         return ResNet20(shape.get("channels", 3), num_classes)
     if name == "hlf":
-        return HLFClassifier(14, num_classes)
+        return HLFClassifier(N_HLF, num_classes)
     if name == "gru":
         return ParticleGRU(num_classes=num_classes)
     if name == "inclusive":
