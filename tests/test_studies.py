@@ -278,3 +278,22 @@ def test_plain_training_run_logs_to_mlflow(tmp_path, monkeypatch):
     assert run.data.metrics["test_accuracy"] == pytest.approx(test_acc)
     assert "metrics.jsonl" in {a.path for a in c.list_artifacts(run.info.run_id)}
 
+
+
+def test_shipped_studies_are_valid():
+    """Every configs/experiments/*.yaml expands and validates (every cell and seed, layouts and
+    algorithm parameters included) and has at least 3 seeds."""
+    from pipeline.config import load_config
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.spec import StudyConfig
+
+    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml"))
+    names = {f.stem for f in files}
+    assert {"overlap_full_vs_disjoint", "overlap_degrees", "local_sgd_periods", "households", "neighbourhoods",
+            "hlf_algorithms", "speedup_vs_workers"} <= names
+    for f in files:
+        spec = load_config(StudyConfig, f)
+        plan = plan_study(spec)
+        assert spec.name == f.stem and len(plan.seeds) >= 3 and len(plan.cells) >= 2, f
+        algos = {plan.config(c, plan.seeds[0]).train.algorithm.name for c in plan.cells}
+        assert algos, f

@@ -270,8 +270,8 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
 def _intro(plan: StudyPlan) -> list[str]:
     spec = plan.spec
     lines = [spec.description, ""] if spec.description else []
-    if spec.claim:
-        lines += [f"Claim tested: {spec.claim}", ""]
+    if spec.question:
+        lines += [f"Question: {spec.question}", ""]
     lines += [f"- workflow: {spec.workflow}, base: {spec.base or '(defaults)'}, "
               f"fixed: {json.dumps(spec.fixed, default=str)}",
               f"- seeds: {plan.seeds} (into {', '.join(spec.seed_keys)})",

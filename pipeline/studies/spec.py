@@ -70,7 +70,7 @@ class StudyConfig(StageConfig):
 
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="study name (experiment name)")
     description: str = Field("", description="what the study compares (goes into report.md)")
-    claim: str = Field("", description="the claim of the source paper being tested (report.md)")
+    question: str = Field("", description="the question the study answers (report.md)")
     workflow: Literal["images", "hep"] = Field("images", description="which pipeline a run is: images | hep")
     base: Optional[str] = Field(None, description="YAML of the workflow's run config every cell starts from")
     fixed: dict[str, Any] = Field(default_factory=dict, description="dotted overrides applied to every cell")
