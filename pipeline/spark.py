@@ -2,22 +2,40 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Optional
 
 from .config import SparkConfig
+from .errors import ConfigError
+
+_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,(\d+))?\])?$")
 
 
 def _launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def get_spark(cfg: Optional[SparkConfig] = None):
+def local_master(master: str, min_task_slots: Optional[int]) -> str:
+    """``master`` with at least ``min_task_slots`` task slots when it is a ``local`` master
+    (``local[*]`` on 2 cores with 4 slots wanted -> ``local[4]``); any other master unchanged."""
+    m = _LOCAL.match(master.strip())
+    if not m or not min_task_slots:
+        return master
+    n = 1 if m.group(1) is None else (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
+    if n >= min_task_slots:
+        return master
+    return f"local[{min_task_slots}" + (f",{m.group(2)}]" if m.group(2) else "]")
+
+
+def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] = None):
     """Return the active SparkSession, or start one from ``cfg``.
 
     Under ``spark-submit`` the master and resources come from the command line unless
     ``cfg.master`` is set explicitly. From plain Python the default is ``local[*]``.
-    Executors use this interpreter (``PYSPARK_PYTHON``) so the virtualenv is shared.
+    A local master started here gets at least ``min_task_slots`` task slots (training starts
+    one task per worker, all at once). Executors use this interpreter (``PYSPARK_PYTHON``) so
+    the virtualenv is shared.
     """
     from pyspark.sql import SparkSession
 
@@ -29,9 +47,9 @@ def get_spark(cfg: Optional[SparkConfig] = None):
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     b = SparkSession.builder.appName(cfg.app_name)
     if cfg.master:
-        b = b.master(cfg.master)
+        b = b.master(local_master(cfg.master, min_task_slots))
     elif not _launched_by_spark_submit():
-        b = b.master("local[*]")
+        b = b.master(local_master("local[*]", min_task_slots))
     settings = {
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -48,6 +66,31 @@ def get_spark(cfg: Optional[SparkConfig] = None):
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def task_slots(spark) -> int:
+    """Tasks the session can run at once: the cores of a local master divided by
+    ``spark.task.cpus``; on a cluster, Spark's own count over the registered executors."""
+    sc = spark.sparkContext
+    conf = sc.getConf()
+    cpus = max(1, int(conf.get("spark.task.cpus", "1")))
+    m = _LOCAL.match(sc.master)
+    if not m:   # what the scheduler would grant a barrier stage now (executor cores / task cpus, GPUs)
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    cores = 1 if m.group(1) is None else (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
+    return max(0, cores // cpus)
+
+
+def check_task_slots(spark, workers: int) -> int:
+    """The session's task slots; ConfigError at once when fewer than ``workers`` (training runs
+    one task per worker at the same time and would otherwise wait for a start timeout)."""
+    slots = task_slots(spark)
+    if slots < workers:
+        raise ConfigError(f"workers={workers} needs {workers} Spark task slots running at once, but the session "
+                          f"({spark.sparkContext.master}) has {slots}; lower workers or give Spark more cores "
+                          f"(e.g. --master local[{workers}] or more executors)")
+    return slots
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The task plumbing every stage shares (pipeline/spark.py): descriptor frames with one row per
-partition, and the Python-worker start-up fix, on the suite's real local Spark session."""
+partition, the Python-worker start-up fix and the task-slot sizing, on the suite's real local
+Spark session."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,11 @@ import sys
 import zipfile
 import zipimport
 
-from pipeline.spark import python_worker_setup, spark_task, task_frame
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.spark import (check_task_slots, local_master, python_worker_setup, spark_task, task_frame,
+                            task_slots)
 
 
 def test_task_frame_one_row_per_partition(spark):
@@ -81,3 +86,28 @@ def test_changed_archive_is_reread(tmp_path):
         z.writestr("padding.txt", "x" * 100)
     imp.invalidate_caches()
     assert imp.find_spec("beta") is not None and imp.find_spec("alpha") is None
+
+
+# --------------------------------------------------------------------------- local sizing
+@pytest.mark.parametrize("master,want,expected", [
+    ("local", 4, "local[4]"), ("local[2]", 4, "local[4]"), ("local[8]", 4, "local[8]"),
+    ("local[2,3]", 4, "local[4,3]"), ("local[2]", None, "local[2]"),
+    ("spark://host:7077", 4, "spark://host:7077"), ("yarn", 4, "yarn"),
+])
+def test_local_master_gets_enough_task_slots(master, want, expected):
+    assert local_master(master, want) == expected
+
+
+def test_local_star_keeps_all_cores_or_grows_to_the_workers():
+    n = os.cpu_count() or 1
+    assert local_master("local[*]", n) == "local[*]"
+    assert local_master("local[*]", n + 3) == f"local[{n + 3}]"
+
+
+def test_slot_check_fails_at_once_naming_workers_and_slots(spark):
+    assert task_slots(spark) == 2                         # the shared local[2] session
+    assert check_task_slots(spark, 2) == 2
+    with pytest.raises(ConfigError) as e:
+        check_task_slots(spark, 3)
+    msg = str(e.value)
+    assert "\n" not in msg and "workers=3" in msg and "has 2" in msg and "local[2]" in msg
