@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 SUBMIT  := $(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g \
            --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$(CURDIR)/configs/log4j2.properties"
 
-.PHONY: setup services run run-images run-hep test test-fast bench clean
+.PHONY: setup services run run-images run-hep test test-fast bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ test-fast: setup services
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+## make gpu-check: backend equivalence tests + short HLF and LeNet-5 trainings on CUDA with both
+## launchers, one line (device, samples/s, verdict); exits 1 at once without a CUDA device
+gpu-check: setup
+	$(PY) scripts/gpu_check.py
 
 clean:
 	rm -rf runs/ spark-warehouse/ metastore_db/ derby.log
