@@ -287,13 +287,15 @@ def test_shipped_studies_are_valid():
     from pipeline.studies.grid import plan_study
     from pipeline.studies.spec import StudyConfig
 
-    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml"))
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted((configs / "experiments").glob("*.yaml"))
     names = {f.stem for f in files}
     assert {"overlap_full_vs_disjoint", "overlap_degrees", "local_sgd_periods", "households", "neighbourhoods",
             "hlf_algorithms", "speedup_vs_workers"} <= names
-    for f in files:
+    for f in files + [configs / "experiment.yaml"]:
         spec = load_config(StudyConfig, f)
         plan = plan_study(spec)
-        assert spec.name == f.stem and len(plan.seeds) >= 3 and len(plan.cells) >= 2, f
+        assert spec.name == f.stem or f.stem == "experiment"
+        assert len(plan.seeds) >= 3 and len(plan.cells) >= 2, f
         algos = {plan.config(c, plan.seeds[0]).train.algorithm.name for c in plan.cells}
         assert algos, f

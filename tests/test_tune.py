@@ -133,8 +133,9 @@ def test_shipped_tuning_spaces_are_valid():
     from pipeline.config import load_config
     from pipeline.studies.tune import TuneConfig, plan_tune
 
-    files = sorted((Path(__file__).resolve().parents[1] / "configs" / "tune").glob("*.yaml"))
-    assert files
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted((configs / "tune").glob("*.yaml")) + [configs / "tune.yaml"]
+    assert len(files) >= 3
     for f in files:
         plan = plan_tune(load_config(TuneConfig, f))
         assert plan["trials"] >= 2, f
