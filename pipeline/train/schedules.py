@@ -7,10 +7,10 @@ backend follows that device, builds the worker and hands it to the schedule the 
 needs (:func:`schedule_for`):
 
 * :func:`run_steps` (step-driven, every algorithm whose workers take the same steps):
-  E_overlap = ``plan["overlap_epochs"]`` passes over the worker's OWN shard, each of
-  ``plan["steps_per_epoch"]`` steps (= min over workers of rows // b, so every rank takes the
-  same number of steps), ``plan["total_steps"]`` in all; the reader is seeded per (worker,
-  epoch); validation every ``plan["eval_every"]`` steps and at the end; checkpoints every
+  E_overlap = ``plan.overlap_epochs`` passes over the worker's OWN shard, each of
+  ``plan.steps_per_epoch`` steps (= min over workers of rows // b, so every rank takes the
+  same number of steps), ``plan.total_steps`` in all; the reader is seeded per (worker,
+  epoch); validation every ``plan.eval_every`` steps and at the end; checkpoints every
   ``checkpoint_every`` steps; ``resume`` continues mid-epoch from the newest checkpoint.
 * :func:`run_rounds` (round-driven: a :class:`~.algorithms.base.RoundAlgorithm` with
   ``variable_steps``, whose workers take different step counts per round):
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def run_steps(w: Worker) -> dict:
     """Drive ``w`` by a step count shared by every worker (see module docstring)."""
     w.start(resume=True)
-    spe, total = w.plan["steps_per_epoch"], w.plan["total_steps"]
+    spe, total = w.plan.steps_per_epoch, w.plan.total_steps
     last_ckpt: Optional[str] = None
     epoch, offset = divmod(w.step, spe)
     while w.step < total:
@@ -58,15 +58,15 @@ def run_steps(w: Worker) -> dict:
             raise RuntimeError(f"worker {w.rank}: shard {w.shard.path} gave {done} batches in epoch {epoch}, "
                                f"expected {todo}")
         epoch, offset = epoch + 1, 0
-    pending = w.meter.interval["n"] > 0 and w.step % w.plan["eval_every"] != 0
+    pending = w.meter.interval["n"] > 0 and w.step % w.plan.eval_every != 0
     return w.finish(log_val=pending, last_checkpoint=last_ckpt)
 
 
 def _step_epoch(w: Worker, epoch: int, offset: int, todo: int) -> tuple[int, Optional[str]]:
     """One (possibly partial) pass over the shard; returns (steps taken, last checkpoint path)."""
-    total, every, ck_every = w.plan["total_steps"], w.plan["eval_every"], w.cfg.checkpoint_every
+    total, every, ck_every = w.plan.total_steps, w.plan.eval_every, w.cfg.checkpoint_every
     done, last_ckpt = 0, None
-    bar = w.progress(w.plan["steps_per_epoch"], offset, f"epoch {epoch + 1}/{w.plan['overlap_epochs']}")
+    bar = w.progress(w.plan.steps_per_epoch, offset, f"epoch {epoch + 1}/{w.plan.overlap_epochs}")
     with w.batches(epoch, skip=offset, limit=offset + todo) as batches:
         for inputs, y in batches:
             w.train_step(inputs, y, lr_step=w.step)
@@ -87,15 +87,15 @@ def run_rounds(w: Worker) -> dict:
     if not isinstance(algo, RoundAlgorithm):
         raise TypeError(f"run_rounds needs a RoundAlgorithm, got {type(algo).__name__}")
     H = max(1, int(algo.nominal_steps_per_round))
-    total_rounds = max(1, math.ceil(w.plan["total_steps"] / H))
-    if w.plan.get("resume_from") and w.rank == 0:
+    total_rounds = max(1, math.ceil(w.plan.total_steps / H))
+    if w.plan.resume_from and w.rank == 0:
         log.warning("resuming %s from %s: the continuation is not bit-identical to an uninterrupted run "
-                    "(local step counts depend on the wall clock)", w.cfg.algorithm.name, w.plan["resume_from"])
+                    "(local step counts depend on the wall clock)", w.cfg.algorithm.name, w.plan.resume_from)
     w.start(resume=True)
     bar = w.progress(total_rounds, algo.rounds_done, "rounds")
     algo.reset_clock()
     last_eval = algo.rounds_done
-    epoch = (algo.rounds_done * H) // w.plan["steps_per_epoch"]
+    epoch = (algo.rounds_done * H) // w.plan.steps_per_epoch
     last_ckpt: Optional[str] = None
     while algo.rounds_done < total_rounds:
         last_eval, last_ckpt = _round_epoch(w, algo, epoch, total_rounds, bar, last_eval, last_ckpt)
@@ -110,9 +110,9 @@ def _round_epoch(w: Worker, algo: RoundAlgorithm, epoch: int, total_rounds: int,
     """One pass over the shard, stopping when the last round ends; returns the last evaluated
     round and the last checkpoint path."""
     H = max(1, int(algo.nominal_steps_per_round))
-    eval_rounds = max(1, math.ceil(w.plan["eval_every"] / H))
+    eval_rounds = max(1, math.ceil(w.plan.eval_every / H))
     ck = w.cfg.checkpoint_every
-    with w.batches(epoch, limit=w.plan["steps_per_epoch"]) as batches:
+    with w.batches(epoch, limit=w.plan.steps_per_epoch) as batches:
         for inputs, y in batches:
             w.train_step(inputs, y, lr_step=algo.rounds_done * H)
             if not algo.round_finished:

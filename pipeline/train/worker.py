@@ -114,7 +114,8 @@ class Meter:
 class Worker:
     """State and verbs of one worker's training run (see module docstring)."""
 
-    def __init__(self, cfg, comm, plan: dict, out_dir: str, ckpt_dir: str, device: torch.device) -> None:
+    def __init__(self, cfg, comm, plan, out_dir: str, ckpt_dir: str, device: torch.device) -> None:
+        """``plan``: a :class:`~.plan.TrainingPlan` or its dict (validated here)."""
         from ..data.reader import load_manifest, load_scaling
         from ..errors import BadInputError
         from .algorithms import BuildContext, build_algorithm
@@ -122,16 +123,20 @@ class Worker:
         from .models import build_model
         from .stragglers import StragglerSimulator
 
-        self.cfg, self.comm, self.plan, self.device = cfg, comm, plan, device
+        from .plan import TrainingPlan
+
+        self.plan = plan if isinstance(plan, TrainingPlan) else TrainingPlan.model_validate(plan)
+        plan = self.plan
+        self.cfg, self.comm, self.device = cfg, comm, device
         self.out_dir, self.ckpt_dir = out_dir, ckpt_dir
         self.rank, self.world = comm.rank, comm.world_size
         self.manifest = load_manifest(cfg.manifest)
         if self.world != self.manifest.num_workers:
             raise BadInputError(f"{cfg.manifest}: {self.manifest.num_workers} worker shards but {self.world} workers")
         self.shard = self.manifest.workers[self.rank]
-        self.scaling = load_scaling(plan.get("scaling"))
+        self.scaling = load_scaling(plan.scaling)
         seed_everything(cfg.seed)
-        self.model = build_model(cfg.model, plan["num_classes"], plan.get("shape")).to(device)
+        self.model = build_model(cfg.model, plan.num_classes, plan.shape).to(device)
         with comm.stats_paused():
             comm.broadcast_(list(self.model.state_dict().values()), root=0)
         self.optimizer = make_optimizer(cfg, self.model.parameters())
@@ -160,10 +165,10 @@ class Worker:
         self.meter = Meter(self.comm, self.step)
 
     def _resume(self) -> None:
-        """Restore this rank from ``plan["resume_from"]`` (the driver picked the newest complete checkpoint)."""
+        """Restore this rank from ``plan.resume_from`` (the driver picked the newest complete checkpoint)."""
         from . import checkpoint
 
-        path = self.plan.get("resume_from")
+        path = self.plan.resume_from
         if not path:
             return
         meta = checkpoint.restore(path, self.rank, self.model, self.optimizer, self.algo, self.device)
@@ -177,10 +182,12 @@ class Worker:
         """This worker's shard for ``epoch`` (seeded per worker and epoch): batches ``skip`` .. ``limit``."""
         from ..data.reader import ShardReader, epoch_seed
 
-        cfg = self.cfg
+        cfg, ld = self.cfg, self.cfg.loader
         seed = epoch_seed(cfg.seed, self.shard.seed, epoch)
-        with ShardReader(self.shard.path, cfg.batch_size, self.plan["features"], seed=seed,
-                         shuffle_buffer=cfg.shuffle_buffer, scaling=self.scaling, device=self.device) as reader:
+        budget = None if ld.memory_budget_mb is None else int(ld.memory_budget_mb * (1 << 20))
+        with ShardReader(self.shard.path, cfg.batch_size, self.plan.features, seed=seed,
+                         shuffle_buffer=cfg.shuffle_buffer, scaling=self.scaling, device=self.device, mode=ld.mode,
+                         memory_budget=budget, decode_threads=ld.decode_threads, prefetch=ld.prefetch) as reader:
             yield reader.batches(skip_batches=skip, limit_batches=limit)
 
     def progress(self, total: int, initial: int, desc: str):
@@ -196,7 +203,7 @@ class Worker:
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        set_lr(self.optimizer, lr_at(lr_step, cfg.lr, self.world, cfg.lr_scaling, self.plan["warmup_steps"]))
+        set_lr(self.optimizer, lr_at(lr_step, cfg.lr, self.world, cfg.lr_scaling, self.plan.warmup_steps))
         self.algo.zero_grad()
         with self.stragglers.compute():
             loss = F.cross_entropy(self.model(*inputs), y)
@@ -254,11 +261,11 @@ class Worker:
     def _score(self, path: str) -> tuple:
         from ..data.reader import read_all
 
-        k = self.plan["num_classes"]
+        k = self.plan.num_classes
         probs, labels, loss_sum = [], [], 0.0
         self.model.eval()
         with torch.no_grad():
-            for inputs, y in read_all(path, self.plan["features"], self.scaling, 512, self.rank, self.world):
+            for inputs, y in read_all(path, self.plan.features, self.scaling, 512, self.rank, self.world):
                 out = self.model(*(t.to(self.device) for t in inputs))
                 loss_sum += float(F.cross_entropy(out, y.to(self.device), reduction="sum"))
                 probs.append(torch.softmax(out.float(), 1).cpu().numpy())
@@ -268,12 +275,12 @@ class Worker:
                 np.concatenate(labels) if labels else np.zeros(0, np.int64), loss_sum)
 
     def eval_path(self) -> str:
-        ev = self.plan["eval"]
+        ev = self.plan.eval
         return ev[self.cfg.eval_split] if self.cfg.eval_split in ev else ev["test"]
 
     def record(self, split: str, res: dict, whole_run: bool = False) -> dict:
         return self.meter.record(split, res, self.step, self.cfg.batch_size, self.world, self.elapsed0,
-                                 self.plan.get("epoch_steps", self.plan["eval_every"]), whole_run)
+                                 self.plan.epoch_steps, whole_run)
 
     def log_eval(self, **extra) -> dict:
         """Evaluate the validation split, write the record (rank 0); ``extra`` fields join the record."""
@@ -321,17 +328,19 @@ class Worker:
         train_wall = self.meter.wall()
         if log_val:
             self.log_eval(**extra)
-        test = self.evaluate(self.plan["eval"]["test"])
-        more = {f"{name}_test_accuracy": self.evaluate(self.plan["eval"]["test"], ts)["accuracy"]
+        test = self.evaluate(self.plan.eval["test"])
+        more = {f"{name}_test_accuracy": self.evaluate(self.plan.eval["test"], ts)["accuracy"]
                 for name, ts in self.algo.extra_evaluations().items()}
         rec = {**self.record("test", test, whole_run=True), **self.algo.eval_metrics(), **extra,
                **{k.replace("_test", ""): v for k, v in more.items()}}
         if self.rank == 0:
             self.writer.write(rec)
             self.writer.close()
-            torch.save({"model": self.model.state_dict(), "model_name": self.cfg.model,
-                        "num_classes": self.plan["num_classes"], "shape": self.plan.get("shape"), "step": self.step},
-                       f"{self.out_dir}/model.pt")
+            from .checkpoint import save_torch  # a full disk: an OSError naming model.pt
+
+            save_torch(f"{self.out_dir}/model.pt", {"model": self.model.state_dict(), "model_name": self.cfg.model,
+                                                    "num_classes": self.plan.num_classes,
+                                                    "shape": self.plan.shape, "step": self.step})
         last_checkpoint = self.checkpoint(ckpt_step) or last_checkpoint
         mine = {"rank": self.rank, "steps": self.step, "samples_processed": self.step * self.cfg.batch_size,
                 "final_digest": param_digest(self.model.parameters()), "digests": self.digests,
@@ -342,5 +351,5 @@ class Worker:
         return {"rank": self.rank, "world": self.world, "steps": self.step, "test_accuracy": test["accuracy"],
                 "test_loss": test["loss"], "auc": test["auc"], "train_seconds": self.meter.train_s,
                 "wall_seconds": train_wall, "samples_processed": sum(r["samples_processed"] for r in ranks),
-                "ranks": ranks, "checkpoint": last_checkpoint, "overlap_epochs": self.plan["overlap_epochs"],
-                "eval_every": self.plan["eval_every"], "device": str(self.device), **more, **extra}
+                "ranks": ranks, "checkpoint": last_checkpoint, "overlap_epochs": self.plan.overlap_epochs,
+                "eval_every": self.plan.eval_every, "device": str(self.device), **more, **extra}

@@ -52,6 +52,26 @@ class SlowMo(Algorithm):
     def on_finish(self, worker: Any = None) -> None:
         self.base.on_finish(worker)
 
+    # the base's hooks pass through (e.g. an asynchronous base's thread, metrics and centre)
+    @property
+    def owns_communication(self) -> bool:  # type: ignore[override]
+        return self.base.owns_communication
+
+    def close(self) -> None:
+        self.base.close()
+
+    def eval_metrics(self) -> dict[str, Any]:
+        return self.base.eval_metrics()
+
+    def summary_stats(self) -> dict[str, Any]:
+        return self.base.summary_stats()
+
+    def evaluation_tensors(self) -> Optional[list[torch.Tensor]]:
+        return self.base.evaluation_tensors()
+
+    def extra_evaluations(self) -> dict[str, list[torch.Tensor]]:
+        return self.base.extra_evaluations()
+
     def _outer_due(self) -> bool:
         return self.step_count % self.tau == 0
 
