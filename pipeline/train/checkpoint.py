@@ -115,6 +115,21 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def save_torch(path: str | os.PathLike, obj: Any) -> Path:
+    """``torch.save`` to memory, then an atomic write: a full or read-only disk raises an
+    OSError naming the file (``torch.save`` to a path fails with an internal message)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    p = Path(path)
+    try:
+        _write_atomic(p, buf.getvalue())
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(p)) from None
+    return p
+
+
 def rank_bytes(model, optimizer, algo, cuda=None) -> bytes:
     import torch
 

@@ -191,6 +191,9 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
     return _local_outcome(world, results, errors, lost, WorkerLost)
 
 
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
 def _local_outcome(world, results, errors, lost, lost_cls) -> list[dict]:
     from ..errors import PipelineError
 
@@ -204,8 +207,12 @@ def _local_outcome(world, results, errors, lost, lost_cls) -> list[dict]:
             else f"exit code {code}"
         others = "; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(errors.items()))
         raise lost_cls(f"rank {r}: worker process died ({how})" + (f"; then {others}" if others else ""), rank=r)
-    if errors:
-        raise RuntimeError("; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(errors.items())))
+    # a peer's broken connection is a consequence: report the root failure
+    root = {k: e for k, e in errors.items() if not any(m in str(e) for m in _PEER_LOST)} or errors
+    if len(root) == 1:
+        raise next(iter(root.values()))
+    if root:
+        raise RuntimeError("; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(root.items())))
     missing = [r for r in range(world) if r not in results]
     if missing:
         raise lost_cls(f"ranks {missing} gave no result", rank=missing[0])
