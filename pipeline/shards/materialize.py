@@ -22,10 +22,11 @@ How the single pass works:
    (dest, order) and hands it to a ``mapInArrow`` writer. Few, large writer tasks matter: each
    Python task costs a fixed overhead, so one task per worker directory would dominate small runs.
 4. The writer casts each Arrow batch back to the input's Arrow schema (Spark would turn e.g.
-   uint8 into int16; the shards keep the input's exact columns and types) and writes
-   one ``<dest>/part-<partition>.parquet`` per destination with pyarrow in row groups of exactly
-   ``row_group_rows`` rows (the last one smaller), so Petastorm can shard and batch them.
-   It returns one summary row per file written.
+   uint8 into int16; the shards keep the input's exact columns and types), encodes the feature
+   columns of ``tensor_columns`` as one fixed-size binary tensor per row
+   (:mod:`pipeline.shards.tensors`) and writes one ``<dest>/part-<partition>.parquet`` per
+   destination with pyarrow in row groups of exactly ``row_group_rows`` rows (the last one
+   smaller). It returns one summary row per file written (or the error of a bad row).
 5. The driver checks that every destination received exactly the rows it was routed, removes
    files of failed task attempts, and writes ``manifest.json``
    (:class:`pipeline.shards.manifest.ShardManifest`): layout (scheme, workers, copies, the
