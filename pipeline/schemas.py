@@ -237,10 +237,35 @@ def parquet_schema(path: str | os.PathLike) -> pa.Schema:
     if not p.exists():
         raise BadInputError(f"input path not found: {p}")
     try:
-        return ds.dataset(str(p), format="parquet", exclude_invalid_files=False,
-                          ignore_prefixes=[".", "_"]).schema
+        d = ds.dataset(str(p), format="parquet", exclude_invalid_files=False, ignore_prefixes=[".", "_"])
+        schema = d.schema
     except Exception as e:  # pyarrow raises several types here
         raise BadInputError(f"cannot read Parquet at {p}: {str(e).splitlines()[0]}") from None
+    _check_parts(d.files, schema)
+    return schema
+
+
+def _check_parts(files: list[str], schema: pa.Schema) -> None:
+    """Every part readable and with the schema of the first (pyarrow inspects only the first)."""
+    import pyarrow.parquet as pq
+
+    for f in files[1:]:
+        try:
+            s = pq.read_schema(f)
+        except Exception as e:  # noqa: BLE001 - truncated or not Parquet
+            raise BadInputError(f"{f}: unreadable Parquet part ({str(e).splitlines()[0][:200]})") from None
+        if s.equals(schema, check_metadata=False):
+            continue
+        for field in schema:
+            i = s.get_field_index(field.name)
+            if i < 0:
+                raise BadInputError(f"{f}: column {field.name!r} missing (present in {files[0]})")
+            if s.field(i).type != field.type:
+                raise BadInputError(f"{f}: column {field.name!r} has type {s.field(i).type}, "
+                                    f"{files[0]} has {field.type}")
+        extra = [n for n in s.names if schema.get_field_index(n) < 0]
+        if extra:
+            raise BadInputError(f"{f}: column {extra[0]!r} is not in {files[0]}")
 
 
 def validate_parquet(path: str | os.PathLike, expected: DatasetSchema, check_data: bool = True) -> pa.Schema:
