@@ -299,3 +299,29 @@ def test_shipped_studies_are_valid():
         assert len(plan.seeds) >= 3 and len(plan.cells) >= 2, f
         algos = {plan.config(c, plan.seeds[0]).train.algorithm.name for c in plan.cells}
         assert algos, f
+
+
+def test_speedup_groups_and_plot_when_workers_vary(tmp_path):
+    """Workers as a grid factor: per setting, mean samples/s and time to target by M, and the PNG."""
+    from pipeline.config import build_config
+    from pipeline.report.study import plot_speedup
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.runner import speedup_groups
+    from pipeline.studies.spec import StudyConfig
+
+    doc = tiny_study(tmp_path, factors={"grid": {"workers": [1, 2, 4]},
+                                        "variants": [{"name": "a", "set": {}}, {"name": "b", "set": {"train.lr": 0.01}}]},
+                     baseline={"variant": "a", "workers": 1})
+    plan = plan_study(build_config(StudyConfig, doc))
+    rows = []
+    for c in plan.cells:
+        for s in plan.seeds:
+            m = c.factors["workers"]
+            rows.append({"cell": c.name, "samples_per_s": 100.0 * m + s + (50 if c.factors["variant"] == "b" else 0),
+                         "time_to_target_s": 10.0 / m})
+    g = speedup_groups(plan, pd.DataFrame(rows))
+    assert set(g) == {"variant=a", "variant=b"}
+    assert g["variant=a"][4]["samples_per_s"] == pytest.approx(400.5) and g["variant=b"][1]["samples_per_s"] == 150.5
+    assert g["variant=b"][2]["time_to_target_s"] == pytest.approx(5.0)
+    png = plot_speedup(g, tmp_path / "s.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
