@@ -22,7 +22,6 @@ Features (``image`` | ``hlf`` | ``llf`` | ``inclusive``):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -47,19 +46,19 @@ def epoch_seed(base_seed: int, worker_seed: int, epoch: int) -> int:
 
 # --------------------------------------------------------------------------- transforms
 def load_scaling(path: Optional[str]) -> Optional[dict]:
+    """The ``scaling.json`` at ``path`` (the :class:`pipeline.features.scaling.ScalingFile`
+    contract) as ``{"hlf": {"mean", "std"}, "llf": {"mean", "std"}}``; BadInputError naming the
+    file when it is missing or not valid."""
     if path is None:
         return None
+    from ..features.scaling import ScalingModel
+
     p = local_path(path)
     if not p.is_file():
         raise BadInputError(f"scaling file not found: {p}")
-    try:
-        s = json.loads(p.read_text())
-        for k in ("hlf", "llf"):
-            if k in s:
-                s[k] = {"mean": [float(x) for x in s[k]["mean"]], "std": [float(x) for x in s[k]["std"]]}
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise BadInputError(f"{p}: not a valid scaling.json ({type(e).__name__}: {e})") from None
-    return s
+    m = ScalingModel.load(p)
+    return {"hlf": {"mean": m.hlf_mean.tolist(), "std": m.hlf_std.tolist()},
+            "llf": {"mean": m.llf_mean.tolist(), "std": m.llf_std.tolist()}}
 
 
 def make_transform(features: str, scaling: Optional[dict] = None) -> Callable[[dict], tuple]:
@@ -113,20 +112,26 @@ def make_transform(features: str, scaling: Optional[dict] = None) -> Callable[[d
 
 
 def check_columns(path: str, features: str, extra: Sequence[str] = ()) -> None:
-    """BadInputError naming the column when a shard lacks one the model needs (or one of ``extra``)."""
+    """BadInputError naming the file and column when a part of a shard is unreadable, lacks a
+    column the model needs (or one of ``extra``) or has a non-integer label."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     p = local_path(path)
     files = sorted(x for x in p.rglob("*.parquet")) if p.is_dir() else [p]
     if not files:
         raise BadInputError(f"{p}: no Parquet files")
-    try:
-        names = set(pq.read_schema(files[0]).names)
-    except Exception as e:  # noqa: BLE001 - corrupt file
-        raise BadInputError(f"{files[0]}: unreadable Parquet ({type(e).__name__})") from None
-    for col in list(FEATURE_COLUMNS[features]) + [c for c in extra if c not in FEATURE_COLUMNS[features]]:
-        if col not in names:
-            raise BadInputError(f"{p}: column {col!r} missing (needed for {features} features)")
+    for f in files:  # every part: a later one may be the broken one
+        try:
+            schema = pq.read_schema(f)
+        except Exception as e:  # noqa: BLE001 - corrupt file
+            raise BadInputError(f"{f}: unreadable Parquet ({type(e).__name__})") from None
+        names = set(schema.names)
+        for col in list(FEATURE_COLUMNS[features]) + [c for c in extra if c not in FEATURE_COLUMNS[features]]:
+            if col not in names:
+                raise BadInputError(f"{f}: column {col!r} missing (needed for {features} features)")
+        if "label" in names and not pa.types.is_integer(schema.field("label").type):
+            raise BadInputError(f"{f}: column 'label' has type {schema.field('label').type}, expected an integer type")
 
 
 # --------------------------------------------------------------------------- readers
