@@ -7,22 +7,30 @@ the run plan every worker follows (see ``make_plan``), then starts the SAME work
 * ``horovod`` (default): ``horovod.spark.run(fn, num_proc=M, use_gloo=True)``: one Horovod
   process per Spark task; communicator ``horovod``.
 * ``torch``: ``pyspark.ml.torch.distributor.TorchDistributor(num_processes=M, local_mode=...,
-  use_gpu=<CUDA available>)``: torchrun processes; communicator ``torch`` (gloo/NCCL).
+  use_gpu=...)``: torchrun processes; communicator ``torch`` (gloo/NCCL).
 * ``local``: no Spark; M = 1 runs in this process with the single-process communicator,
-  M > 1 spawns M local processes joined by torch.distributed (gloo).
+  M > 1 spawns M local processes joined by torch.distributed (gloo); a process that dies is
+  noticed within a second and the others are stopped (no wait on a dead peer).
 
-Outputs: ``<output>/metrics.jsonl``, ``summary.json``, ``model.pt`` (written atomically: a
-failed run leaves no output directory) and checkpoints in ``checkpoint_dir`` (default
-``<output>-checkpoints``), which survive a failed run so that ``resume=true`` can continue.
-The output and checkpoint directories must be on a file system every worker can reach
-(local disk for one machine).
+Before a Spark launch the cluster's task slots are checked (``pipeline.spark.check_task_slots``).
+A lost worker relaunches the workers from the newest complete checkpoint, up to
+``max_restarts`` times (``pipeline.train.restart``); ``resume`` (false | true | auto) decides
+where the first launch starts.
 
-GPUs: a worker uses ``cuda:<local rank>`` when CUDA is available (``device=auto``), NCCL with
-the torch launcher, and stages tensors through host memory for a CPU-only Horovod build.
-On a Spark cluster give every task one GPU, e.g. ``--conf spark.executor.resource.gpu.amount=1
---conf spark.task.resource.gpu.amount=1 --conf spark.executor.resource.gpu.discoveryScript=
-$SPARK_HOME/examples/src/main/scripts/getGpusResources.sh``; TorchDistributor is then
-created with ``use_gpu=True`` automatically. ``device=cpu`` forces the unchanged CPU path.
+Outputs: ``<output>/metrics.jsonl``, ``summary.json`` (with ``restarts`` and ``resumed_from``),
+``model.pt`` (written atomically: a failed run leaves no output directory) and checkpoints in
+``checkpoint_dir`` (default ``<output>-checkpoints``; per-rank files, see ``checkpoint``), which
+survive a failed run so that a resume can continue. The output and checkpoint directories must
+be on a file system every worker can reach (local disk for one machine).
+
+GPUs: a Horovod-on-Spark worker uses the GPU Spark assigned to its task (``task_gpu``: the
+task's ``gpu`` resource), other workers ``cuda:<local rank>`` among the visible devices
+(TorchDistributor sets ``CUDA_VISIBLE_DEVICES`` per task). TorchDistributor's ``use_gpu``
+comes from the config (``torch_use_gpu``): ``device=cuda`` -> True, ``cpu`` -> False, ``auto``
+-> whether Spark gives the processes GPUs (``spark.task.resource.gpu.amount``, the driver's
+amount in local mode), never from whether the driver sees CUDA. On a cluster give every task
+one GPU, e.g. ``--conf spark.executor.resource.gpu.amount=1 --conf spark.task.resource.gpu.amount=1
+--conf spark.executor.resource.gpu.discoveryScript=$SPARK_HOME/examples/src/main/scripts/getGpusResources.sh``.
 """
 from __future__ import annotations
 
@@ -294,12 +302,10 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
 
 
 def _check_slots(spark, world: int) -> None:
-    """Fail at once when the cluster has fewer task slots than workers (``pipeline.spark``)."""
-    from .. import spark as spark_mod
+    """Fail at once when the cluster has fewer task slots than workers."""
+    from ..spark import check_task_slots
 
-    check = getattr(spark_mod, "check_task_slots", None)
-    if check is not None:
-        check(spark, world)
+    check_task_slots(spark, world)
 
 
 def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark=None) -> list[dict]:
