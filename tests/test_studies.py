@@ -325,3 +325,25 @@ def test_speedup_groups_and_plot_when_workers_vary(tmp_path):
     assert g["variant=b"][2]["time_to_target_s"] == pytest.approx(5.0)
     png = plot_speedup(g, tmp_path / "s.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_failed_run_is_reported_and_the_others_are_kept(spark, tmp_path, tmp_path_factory, capsys):
+    """A cell whose batch does not fit its shard fails at training time: the other cell's runs are
+    trained and reported, the job exits 2 with one line naming the failed run."""
+    doc = tiny_study(tmp_path, name="partial", seeds=1, data_dir=str(tmp_path_factory.getbasetemp() / "studies_data"),
+                     factors={"grid": {"train.batch_size": [32, 100000]}}, baseline={"train.batch_size": 32},
+                     metrics=["test_accuracy"], target_accuracy=None, tracking={"enabled": False})
+    cfg = write_yaml(tmp_path / "p.yaml", doc)
+    capsys.readouterr()
+    assert experiment.main(["--config", str(cfg)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "1 of 2 runs failed" in err[0] and "batch_size=100000" in err[0], err
+    out = tmp_path / "partial"
+    df = pd.read_parquet(out / "results.parquet")
+    assert list(df["train.batch_size"]) == [32] and df["test_accuracy"].between(0, 1).all()
+    assert "batch_size=100000 seed 0" in (out / "report.md").read_text()
+    (failed,) = [p for p in (out / "runs").glob("*/seed_0") if (p / "error.txt").exists()]
+    assert "batch_size" in (failed / "error.txt").read_text() and not (failed / "train").exists()
+    assert not (out / "mlruns").exists()

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import PipelineError
 from ..outputs import local_path, read_json, write_json
 from .grid import Cell, StudyPlan, digest, plan_study
 from .spec import METRICS, StudyConfig
@@ -206,6 +207,42 @@ class _Tracker:
             self.parent.finish(artifacts, status=status)
 
 
+def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker) -> dict:
+    """Every run in order: skip the finished ones, train the others; a failed run is recorded and
+    the study goes on (its error is in ``<run>/error.txt``)."""
+    done: dict = {"trained": [], "skipped": [], "failed": [], "rows": []}
+    for i, (cell, seed) in enumerate(plan.runs, 1):
+        tag = f"[study {plan.spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
+        rdir = run_dir(out, cell, seed)
+        if is_finished(rdir, plan.config(cell, seed)):
+            done["skipped"].append((cell.name, seed))
+            log.info("%s: finished earlier, skipped", tag)
+        else:
+            t1 = time.time()
+            tracker.discard(out, cell, seed)
+            try:
+                s = train_one(plan, cell, seed, out, data_root, spark)
+            except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
+                msg = " ".join(str(e).split())[:500] or type(e).__name__
+                done["failed"].append((cell.name, seed, e, msg))
+                rdir.mkdir(parents=True, exist_ok=True)
+                (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
+                log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
+                continue
+            done["trained"].append((cell.name, seed))
+            log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
+        done["rows"].append(result_row(plan, cell, seed, out))
+        tracker.child(plan, cell, seed, out, done["rows"][-1])
+    return done
+
+
+def _failure(plan: StudyPlan, failed: list, out: Path) -> Exception:
+    cell, seed, err, msg = failed[0]
+    text = (f"study {plan.spec.name}: {len(failed)} of {len(plan.runs)} runs failed (the others are in "
+            f"{out / 'report.md'}); first: {cell}, seed {seed}: {type(err).__name__}: {msg}")
+    return PipelineError(text) if isinstance(err, PipelineError) else RuntimeError(text)
+
+
 def run_study(spec: StudyConfig, spark=None) -> dict:
     """Run (or resume) the whole study; returns a summary with the paths and what ran."""
     from ..spark import get_spark
@@ -218,32 +255,23 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
     write_json(out / "study.json", plan_summary(plan))
     tracker = _Tracker(plan, out)
     spark = spark or get_spark(spec.spark)
-    trained, skipped, rows = [], [], []
     try:
-        for i, (cell, seed) in enumerate(plan.runs, 1):
-            tag = f"[study {spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
-            if is_finished(run_dir(out, cell, seed), plan.config(cell, seed)):
-                skipped.append((cell.name, seed))
-                log.info("%s: finished earlier, skipped", tag)
-            else:
-                t1 = time.time()
-                tracker.discard(out, cell, seed)
-                s = train_one(plan, cell, seed, out, data_root, spark)
-                trained.append((cell.name, seed))
-                log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
-            rows.append(result_row(plan, cell, seed, out))
-            tracker.child(plan, cell, seed, out, rows[-1])
-        artifacts = write_outputs(plan, rows, out)
+        done = _run_all(plan, out, data_root, spark, tracker)
+        artifacts = write_outputs(plan, done["rows"], out) if done["rows"] else []
     except BaseException:
         tracker.finish([], status="FAILED")
         raise
-    tracker.finish(artifacts)
+    tracker.finish(artifacts, status="FAILED" if done["failed"] else "FINISHED")
+    trained, skipped = done["trained"], done["skipped"]
     summary = {"study": spec.name, "output": str(out), "runs": len(plan.runs), "trained": trained,
-               "skipped": skipped, "seconds": round(time.time() - t0, 1),
-               "results": str(out / "results.parquet"), "report": str(out / "report.md"),
-               "mlflow": getattr(tracker, "uri", None), "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
+               "skipped": skipped, "failed": [(c, s, m) for c, s, _, m in done["failed"]],
+               "seconds": round(time.time() - t0, 1), "results": str(out / "results.parquet"),
+               "report": str(out / "report.md"), "mlflow": getattr(tracker, "uri", None),
+               "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
     print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
-          f"earlier) in {summary['seconds']:.0f} s -> {out / 'report.md'}", flush=True)
+          f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {out / 'report.md'}", flush=True)
+    if done["failed"]:
+        raise _failure(plan, done["failed"], out)
     return summary
 
 
@@ -259,7 +287,10 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
     _write_parquet(stats, out / "stats.parquet")
     plots = write_plots(plan, df, out) if spec.plots else []
     cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds)} for c in plan.cells]
-    md = markdown_report(f"Study {spec.name}", _intro(plan), cells, stats, {m: METRICS[m] for m in spec.metrics},
+    have = set(zip(df["cell"], df["seed"]))
+    missing = [f"{c.name} seed {s}" for c, s in plan.runs if (c.name, s) not in have]
+    intro = _intro(plan) + ([f"- runs missing (failed, see their error.txt): {'; '.join(missing)}"] if missing else [])
+    md = markdown_report(f"Study {spec.name}", intro, cells, stats, {m: METRICS[m] for m in spec.metrics},
                          [str(p.relative_to(out)) for p in plots])
     tmp = out / ".report.md.tmp"
     tmp.write_text(md)
@@ -287,7 +318,9 @@ def write_plots(plan: StudyPlan, df, out: Path) -> list[Path]:
     from ..report.study import plot_learning_curves, plot_speedup
     from .results import load_curve
 
-    curves = {c.name: [load_curve(run_dir(out, c, s) / "train") for s in plan.seeds] for c in plan.cells}
+    curves: dict[str, list] = {c.name: [] for c in plan.cells}
+    for cell, rdir in zip(df["cell"], df["run_dir"]):
+        curves[cell].append(load_curve(Path(rdir) / "train"))
     paths = [plot_learning_curves(curves, out / "plots" / "learning_curves.png", title=f"Study {plan.spec.name}")]
     if "workers" in plan.spec.factors.grid and len(plan.spec.factors.grid["workers"]) > 1:
         paths.append(plot_speedup(speedup_groups(plan, df), out / "plots" / "speedup_vs_workers.png",
