@@ -6,12 +6,16 @@
   JSON, without starting Spark (the test breaks Java so that starting Spark would fail) and
   without creating outputs; it also works as a script (``python jobs/X.py``, what spark-submit runs);
 * a bad config value, an unknown key or a missing config file exit non-zero with one line
-  naming the value, key or path.
+  naming the value, key or path;
+* a job holds no logic: its source is a docstring, imports from ``pipeline``, ``main`` handing
+  names to ``run_job`` and the ``__main__`` guard.
 
 Jobs are discovered from the ``jobs/`` folder, so a new job is covered automatically.
 """
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import os
 import re
@@ -71,6 +75,41 @@ def test_there_are_jobs():
     assert {"ingest_images", "shard", "train", "report", "ingest_root", "features", "simulate"} <= set(JOBS), JOBS
 
 
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__": sys.exit(main())``"""
+    return (isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", '__name__ == "__main__"')
+            and len(node.body) == 1 and ast.unparse(node.body[0]) == "sys.exit(main())" and not node.orelse)
+
+
+def _is_thin_main(node: ast.stmt) -> bool:
+    """``def main(argv=None): return run_job(argv, <keywords naming pipeline objects>)``"""
+    if not (isinstance(node, ast.FunctionDef) and node.name == "main" and len(node.body) == 1):
+        return False
+    ret = node.body[0]
+    call = ret.value if isinstance(ret, ast.Return) else None
+    return (isinstance(call, ast.Call) and ast.unparse(call.func) == "run_job"
+            and [ast.unparse(a) for a in call.args] == ["argv"]
+            and all(isinstance(k.value, (ast.Name, ast.Constant)) for k in call.keywords))
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_jobs_hold_no_logic(name):
+    """A job is a docstring, imports from pipeline/, ``main`` handing names to ``run_job`` and the
+    ``__main__`` guard: every decision lives in pipeline/, where it can be called and tested."""
+    tree = ast.parse((REPO / "jobs" / f"{name}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node is tree.body[0]:
+            continue  # the docstring (the --help text)
+        if isinstance(node, ast.Import):
+            assert [a.name for a in node.names] == ["sys"], f"jobs/{name}.py: {ast.unparse(node)}"
+            continue
+        if isinstance(node, ast.ImportFrom):
+            assert (node.module or "").startswith("pipeline"), f"jobs/{name}.py: {ast.unparse(node)}"
+            continue
+        assert _is_thin_main(node) or _is_main_guard(node), \
+            f"jobs/{name}.py line {node.lineno}: logic in a job; move it into pipeline/: {ast.unparse(node)[:200]}"
+
+
 @pytest.fixture(scope="module", params=JOBS)
 def job(request) -> dict:
     r = _run(["-c", _FIELDS, request.param])
@@ -80,10 +119,11 @@ def job(request) -> dict:
     return info
 
 
-def test_help_lists_every_option_with_its_default(job):
-    r = _run(["-m", f"jobs.{job['name']}", "--help"])
-    assert r.returncode == 0, r.stderr[-2000:]
-    help_text = r.stdout
+def test_help_lists_every_option_with_its_default(job, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"jobs.{job['name']}").main(["--help"])
+    assert exit_.value.code == 0
+    help_text = capsys.readouterr().out
     assert job["has_plan"], f"jobs/{job['name']}.py passes no plan function for --dry-run"
     for opt in ("--config", "--set", "--dry-run"):
         assert opt in help_text
@@ -162,26 +202,39 @@ def test_dry_run_prints_resolved_config_and_plan_without_spark(job, tmp_path, re
     assert not out.exists() and list(tmp_path.iterdir()) == [], "--dry-run created files"
 
 
+def _main(name: str, args: list[str], capsys) -> tuple[int, list[str], str]:
+    """The job's ``main`` in this process (no interpreter start-up): exit code, stderr lines, stdout."""
+    rc = importlib.import_module(f"jobs.{name}").main(args)
+    out = capsys.readouterr()
+    return rc, [ln for ln in out.err.splitlines() if ln.strip()], out.out
+
+
 @pytest.mark.parametrize("bad,expect", [
     (["--set", "spark.shuffle_partitions=-1"], ["spark.shuffle_partitions", "-1"]),
     (["--set", "no_such_key=1"], ["no_such_key"]),
 ])
-def test_bad_config_value_exits_nonzero_with_one_line(job, bad, expect, tmp_path):
-    r = _run(["-m", f"jobs.{job['name']}", *_config_args(job["name"]), *bad])
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2, (r.returncode, lines[-3:])
+def test_bad_config_value_exits_2_with_one_line(job, bad, expect, capsys):
+    rc, lines, out = _main(job["name"], [*_config_args(job["name"]), *bad], capsys)
+    assert rc == 2, (rc, lines[-3:])
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {lines[:5]}"
     assert lines[0].startswith("error:")
     for word in expect:
         assert word in lines[0], (word, lines[0])
-    assert r.stdout.strip() == ""
+    assert out.strip() == ""
 
 
-def test_missing_config_file_is_named(job, tmp_path):
+def test_missing_config_file_is_named(job, tmp_path, capsys):
     missing = tmp_path / "nope.yaml"
-    r = _run(["-m", f"jobs.{job['name']}", "--config", str(missing), "--dry-run"])
+    rc, lines, _ = _main(job["name"], ["--config", str(missing), "--dry-run"], capsys)
+    assert rc == 2 and len(lines) == 1 and str(missing) in lines[0], lines[:5]
+
+
+def test_a_bad_value_is_one_line_from_a_real_process(tmp_path):
+    """What a user sees: the whole stderr of ``python -m jobs.X`` (logging included) is one line."""
+    r = _run(["-m", "jobs.shard", "--set", "workers=-1", "--set", f"output={tmp_path / 'o'}"])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and str(missing) in lines[0], lines[:5]
+    assert r.returncode == 2 and len(lines) == 1 and "workers=-1" in lines[0], (r.returncode, lines[:5])
+    assert r.stdout.strip() == "" and not (tmp_path / "o").exists()
 
 
 def test_py4j_retry_traceback_is_dropped_but_errors_are_kept():
