@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
-# Stages register derived schemas (ROOT ingestion) under schemas/. Tests work on a copy so a test
-# run never adds files to the checkout; subprocesses (spark-submit, Airflow tasks) inherit it.
-if "PIPELINE_SCHEMAS" not in os.environ:
-    _schemas = Path(tempfile.mkdtemp(prefix="pipeline-test-schemas-")) / "schemas"
-    shutil.copytree(REPO / "schemas", _schemas)
-    os.environ["PIPELINE_SCHEMAS"] = str(_schemas)
+# A test run never writes into the checkout: no .hypothesis/ example database in the working directory.
+settings.register_profile("pipeline", database=None)
+settings.load_profile("pipeline")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # spark-submit / spark-class of the virtualenv for the tests that launch jobs as processes
