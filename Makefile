@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 SUBMIT  := $(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g \
            --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$(CURDIR)/configs/log4j2.properties"
 
-.PHONY: setup services run run-images run-hep test test-fast bench gpu-check clean
+.PHONY: setup services run run-images run-hep test test-fast bench gpu-check contracts clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ bench: setup
 ## launchers, one line (device, samples/s, verdict); exits 1 at once without a CUDA device
 gpu-check: setup
 	$(PY) scripts/gpu_check.py
+
+## make contracts: regenerate the published JSON Schemas (schemas/contracts/) from the pydantic models
+contracts: setup
+	$(PY) -m pipeline.contracts
 
 clean:
 	rm -rf runs/ spark-warehouse/ metastore_db/ derby.log

