@@ -3,7 +3,7 @@
 For each algorithm it prints, per worker and per step:
 
 * measured bytes: what rank 0's process wrote through system calls during training
-  (/proc/self/io ``wchar``: sockets of the collectives, plus a few KB of metrics lines),
+  (psutil ``write_chars``: sockets of the collectives, plus a few KB of metrics lines),
 * payload bytes: what the algorithm handed to the communicator,
 * theoretical bytes: ring allreduce 2(M-1)/M * model bytes per averaging, i.e. AR-SGD every
   step, local SGD every H steps (divided by H), post-local SGD / hierarchical / SlowMo by

@@ -10,7 +10,7 @@ import torch
 
 from jobs.train import main as train_main
 from pipeline.errors import BadInputError, ConfigError
-from pipeline.train.config import TrainConfig
+from pipeline.train.config import DebugConfig, TrainConfig
 from pipeline.train.comm.device import device_kind, pick_device, torch_backend
 from pipeline.train.comm.local import LocalCommunicator
 from pipeline.train.launch import make_plan, train
@@ -64,7 +64,7 @@ def test_resume_continues_like_an_uninterrupted_run(tmp_path):
         train(crashed)
     assert not (tmp_path / "run").exists()  # no partial output
     assert sorted(p.name for p in (tmp_path / "run-checkpoints").iterdir()) == ["step_00000005", "step_00000010"]
-    resumed = train(crashed.model_copy(update={"debug": {}, "resume": True}))
+    resumed = train(crashed.model_copy(update={"debug": DebugConfig(), "resume": True}))
     assert resumed["final_digests"] == ref["final_digests"]
     assert resumed["test_accuracy"] == ref["test_accuracy"]
     a = read_metrics(str(tmp_path / "ref" / "metrics.jsonl"))
@@ -72,7 +72,7 @@ def test_resume_continues_like_an_uninterrupted_run(tmp_path):
     assert [(r["step"], r["accuracy"], r["loss"]) for r in a] == [(r["step"], r["accuracy"], r["loss"]) for r in b]
     # a resume under a changed config is refused, naming the value
     with pytest.raises(ConfigError, match="lr=0.1"):
-        train(crashed.model_copy(update={"debug": {}, "resume": True, "lr": 0.1}))
+        train(crashed.model_copy(update={"debug": DebugConfig(), "resume": True, "lr": 0.1}))
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_missing_column_in_a_shard_is_named(tmp_path):
     man = write_digit_shards(tmp_path / "shards", workers=2, n_train=128, n_test=32, n_val=32)
     f = tmp_path / "shards" / "worker_001" / "part-00000.parquet"
     pq.write_table(pq.read_table(f).drop(["image"]), f)
-    with pytest.raises(BadInputError, match=r"worker_001: column 'image' missing"):
+    with pytest.raises(BadInputError, match=r"worker_001/part-00000.parquet: column 'image' missing"):
         train(TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="local"))
     assert not (tmp_path / "o").exists()
 
