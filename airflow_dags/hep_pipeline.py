@@ -4,7 +4,7 @@ Wiring only: each task runs ``jobs/<job>.py`` with ``configs/<job>.yaml`` and th
 paths below (``<output_root>/hep_pipeline/<logical date>/<artefact>``); settings and param
 defaults come from ``configs/dag_hep.yaml``. With ``simulate`` true the run first generates
 events with the simulation stage and ingests those instead of ``input_glob``. See
-``spark_jobs.py`` and README.md (Scheduling with Airflow).
+``spark_jobs.py`` and docs/airflow.md.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Wiring only: each task runs ``jobs/<job>.py`` with ``configs/<job>.yaml`` and the run-scoped
 paths below (``<output_root>/images_pipeline/<logical date>/<artefact>``); settings and param
-defaults come from ``configs/dag_images.yaml``. See ``spark_jobs.py`` and README.md (Scheduling with Airflow).
+defaults come from ``configs/dag_images.yaml``. See ``spark_jobs.py`` and docs/airflow.md.
 """
 from __future__ import annotations
 

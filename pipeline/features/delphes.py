@@ -10,7 +10,7 @@ ingested Parquet part gives it) and returns the selected events' features. The S
 that runs it per chunk, splits, balances and writes the datasets is ``pipeline.features.stage``.
 The names, caps and sizes of the feature layout live in ``pipeline.features.layout``.
 
-Definitions (documented in README.md (HEP path)):
+Definitions (documented in docs/hep-features.md):
 
 * Particle-flow candidates: tracks ``EFlowTrack`` with pT > 0.5 GeV, photons ``EFlowPhoton`` and
   neutral hadrons ``EFlowNeutralHadron`` with ET > 1 GeV; all treated as massless.

@@ -8,7 +8,7 @@ Delphes-layout ROOT files (tree ``Delphes``, branches ``Electron.PT``, ``Jet.BTa
 Modules: ``config`` (SimulateConfig), ``generator`` (Pythia settings, seeds, batched generation
 with the lepton filter), ``detector`` (the vectorised detector model), ``delphes_io`` (schema +
 uproot writer), ``stage`` (tasks on Spark, progress, atomic output, sidecar JSON).
-See README.md (Simulated HEP samples).
+See docs/simulation.md.
 """
 from .config import DetectorConfig, LeptonFilterConfig, SimulateConfig, SmearingConfig
 

@@ -4,7 +4,7 @@
 nests :class:`DetectorConfig` (the particle-level detector model, with its b-tagging and
 optional :class:`SmearingConfig` resolution model) and :class:`LeptonFilterConfig` (the
 generator-level lepton filter). Every number of the detector model lives here, with the
-meaning documented in ``README.md (Simulated HEP samples)``.
+meaning documented in ``docs/simulation.md``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class SmearingConfig(_Strict):
 
 
 class DetectorConfig(_Strict):
-    """The particle-level detector model (see README.md (Simulated HEP samples))."""
+    """The particle-level detector model (see docs/simulation.md)."""
 
     track_pt_min: float = Field(0.5, ge=0, description="charged particles above this pT [GeV] become tracks")
     track_eta_max: float = Field(2.5, gt=0, description="tracker acceptance |eta|")
