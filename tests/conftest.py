@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 REPO = Path(__file__).resolve().parents[1]
-# A test run never writes into the checkout: no .hypothesis/ example database in the working directory.
-settings.register_profile("pipeline", database=None)
-settings.load_profile("pipeline")
+# A test run never writes into the checkout: Hypothesis keeps its example database and constants
+# cache in a temporary directory instead of ./.hypothesis/.
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="pipeline-tests-hypothesis-"))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # spark-submit / spark-class of the virtualenv for the tests that launch jobs as processes
