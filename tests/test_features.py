@@ -212,6 +212,7 @@ def _table(path):
     return pads.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_table().to_pandas()
 
 
+@pytest.mark.slow
 def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_path):
     from pipeline.features.stage import FeaturesConfig, build_features
     from pipeline.ingest.root import IngestRootConfig, ingest_root
@@ -313,19 +314,23 @@ def test_feature_stage_bad_inputs(spark, delphes_root, bad_delphes_root, tmp_pat
     from pipeline.features.stage import FeaturesConfig, build_features
 
     empty = H.write_delphes_like(tmp_path / "empty.root", H.read_required(delphes_root), empty=True)
+    no_cands = H.write_delphes_like(tmp_path / "no_candidates.root",
+                                    {k: v[:, :0] for k, v in H.read_required(delphes_root).items()})
     plain = H.write_plain_tree(tmp_path / "plain.root")
-    cfg = FeaturesConfig(input=[str(delphes_root), str(bad_delphes_root), str(plain), str(empty)],
+    cfg = FeaturesConfig(input=[str(delphes_root), str(bad_delphes_root), str(plain), str(empty), str(no_cands)],
                          samples=[{"name": "ttbar", "label": 1, "files": ["*.root"]}],
                          output=str(tmp_path / "out"))
     with pytest.raises(BadInputError) as ei:
         build_features(cfg, spark=spark)
-    assert "\n" not in str(ei.value) and "2 of 4 input file(s) failed" in str(ei.value)
+    assert "\n" not in str(ei.value) and "2 of 5 input file(s) failed" in str(ei.value)
     rep = json.loads((tmp_path / "out" / "report.json").read_text())
     reasons = {os.path.basename(b["file"]): b["reason"] for b in rep["bad_files"]}
     assert "no tree 'Delphes'" in reasons["bad_delphes.root"]
     assert "missing branch 'Electron.PT'" in reasons["plain.root"]
     files = {os.path.basename(f["file"]): f for f in rep["files"]}
     assert files["empty.root"]["events_read"] == 0 and files["empty.root"]["error"] is None
+    nc = files["no_candidates.root"]          # events whose collections are all empty: no rows, no error
+    assert (nc["events_read"], nc["selected"], nc["written"], nc["error"]) == (25, 0, 0, None)
     assert (files["delphes.root"]["events_read"], files["delphes.root"]["selected"]) == (25, 1)
     assert len(_table(tmp_path / "out" / "hlf")) == 1
 
@@ -339,3 +344,190 @@ def test_features_job_dry_run_and_config_errors(repo, capsys):
     assert main(["--config", str(repo / "configs" / "features.yaml"), "--set", "test_fraction=0.9",
                  "--set", "val_fraction=0.2", "--dry-run"]) == 2
     assert "test_fraction + val_fraction" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the fast path against a per-event reference
+CONE2 = D.ISO_CONE * D.ISO_CONE
+EXCL2 = D.SELF_MATCH_DR * D.SELF_MATCH_DR
+KIN = {"EFlowTrack": "PT", "EFlowPhoton": "ET", "EFlowNeutralHadron": "ET"}
+CUT = {"EFlowTrack": D.TRACK_PT_MIN, "EFlowPhoton": D.PHOTON_ET_MIN, "EFlowNeutralHadron": D.NEUTRAL_ET_MIN}
+
+
+def _d2(eta, phi, eta0, phi0):
+    de = np.asarray(eta, np.float64) - np.float64(eta0)
+    dp = _dphi(np.asarray(phi, np.float64), np.float64(phi0))
+    return de * de + dp * dp
+
+
+def _ref_event(ev: dict):
+    """Selection, HLF and LLF of ONE event with plain numpy, straight from the definitions of
+    pipeline.features.delphes (its docstring); None when the event is not selected."""
+    c = {coll: np.asarray(ev[f"{coll}.{key}"], np.float64) > CUT[coll] for coll, key in KIN.items()}
+    cand = [(k, np.asarray(ev[f"{coll}.{key}"], np.float64)[c[coll]], np.asarray(ev[f"{coll}.Eta"])[c[coll]],
+             np.asarray(ev[f"{coll}.Phi"])[c[coll]]) for k, (coll, key) in enumerate(KIN.items())]
+
+    def sums(eta0, phi0, excl_tracks):
+        out = []
+        for k, pt, eta, phi in cand:
+            d2 = _d2(eta, phi, eta0, phi0)
+            inside = d2 < CONE2
+            if excl_tracks and k == 0:
+                inside &= ~(d2 < EXCL2)
+            out.append(pt[inside].sum())
+        return out
+
+    best = None
+    for coll, is_ele in (("Electron", 1.0), ("Muon", 0.0)):
+        for j in range(len(ev[f"{coll}.PT"])):
+            pt = float(ev[f"{coll}.PT"][j])
+            if not pt > D.LEPTON_PT_MIN:
+                continue
+            eta, phi = float(ev[f"{coll}.Eta"][j]), float(ev[f"{coll}.Phi"][j])
+            iso = [s / pt for s in sums(eta, phi, True)]
+            if iso[0] + iso[1] + iso[2] < D.ISO_MAX and (best is None or pt > best[0]):
+                best = (pt, eta, phi, float(ev[f"{coll}.Charge"][j]), is_ele, *iso)
+    if best is None:
+        return None
+    lpt, leta, lphi, lq, is_e, ich, igam, ineu = best
+    jpt, jeta = np.asarray(ev["Jet.PT"], np.float64), np.asarray(ev["Jet.Eta"], np.float64)
+    good = (jpt > D.JET_PT_MIN) & (np.abs(jeta) < D.JET_ETA_MAX)
+    met = float(ev["MissingET.MET"][0]) if len(ev["MissingET.MET"]) else 0.0
+    phimet = float(ev["MissingET.Phi"][0]) if len(ev["MissingET.Phi"]) else 0.0
+    mt = math.sqrt(max(2 * lpt * met * (1 - math.cos(lphi - phimet)), 0.0))
+    hlf = [jpt[good].sum(), met, phimet, mt, good.sum(), (good & (np.asarray(ev["Jet.BTag"]) > 0)).sum(),
+           lpt, leta, lphi, ich, igam, ineu, lq, is_e]
+
+    def p4(pt, eta, phi):
+        return [pt * math.cosh(eta), pt * math.cos(phi), pt * math.sin(phi), pt * math.sinh(eta), pt, eta, phi]
+
+    rows = [p4(lpt, leta, lphi) + [0, 0, 0, ich, igam, ineu, 0, 0, 0, is_e, 1 - is_e, lq]]
+    parts = []                                   # (float32 dR, row) in tracks, photons, neutrals order
+    for k, (coll, key) in enumerate(KIN.items()):
+        m = c[coll].copy()
+        idx = np.flatnonzero(m)
+        if k == 0:
+            idx = idx[_d2(np.asarray(ev["EFlowTrack.Eta"])[idx], np.asarray(ev["EFlowTrack.Phi"])[idx],
+                          leta, lphi) >= EXCL2]
+        pts = np.asarray(ev[f"{coll}.{key}"], np.float64)
+        idx = idx[np.argsort(-pts[idx], kind="stable")][:L.CAPS[("tracks", "photons", "neutrals")[k]]]
+        for j in idx:
+            pt, eta, phi = pts[j], float(ev[f"{coll}.Eta"][j]), float(ev[f"{coll}.Phi"][j])
+            s = sums(eta, phi, False)
+            s[k] -= pt
+            iso = [max(v, 0.0) / pt for v in s]
+            if k == 0:
+                apid = abs(int(ev["EFlowTrack.PID"][j]))
+                e_, m_ = float(apid == 11), float(apid == 13)
+                extra = [float(ev[f"EFlowTrack.{x}"][j]) for x in "XYZ"] + iso + [1 - e_ - m_, 0, 0, e_, m_,
+                                                                               float(ev["EFlowTrack.Charge"][j])]
+            else:
+                extra = [0, 0, 0] + iso + ([0, 0, 1, 0, 0, 0] if k == 1 else [0, 1, 0, 0, 0, 0])
+            dr = np.float32(math.sqrt(_d2([eta], [phi], leta, lphi)[0]))
+            parts.append((dr, p4(pt, eta, phi) + extra))
+    order = np.argsort(-np.asarray([p[0] for p in parts], np.float32), kind="stable")
+    rows += [parts[i][1] for i in order]
+    llf = np.zeros((N, F))
+    llf[:len(rows)] = rows
+    return np.asarray(hlf, np.float64), llf, len(rows)
+
+
+def _events_array(events: list[dict]):
+    """A chunk (awkward record array of REQUIRED_BRANCHES) from per-event dicts of lists."""
+    import awkward as ak
+
+    dtypes = {"Charge": np.int32, "PID": np.int32, "BTag": np.uint32}
+    out = {}
+    for b in D.REQUIRED_BRANCHES:
+        vals = [list(e.get(b, [])) for e in events]
+        flat = np.asarray([v for x in vals for v in x], dtypes.get(b.split(".")[1], np.float32))
+        out[b] = ak.unflatten(flat, np.asarray([len(x) for x in vals], np.int64))
+    return ak.Array(out) if events else ak.Array({b: ak.unflatten(np.zeros(0, np.float32), np.zeros(0, np.int64))
+                                                  for b in D.REQUIRED_BRANCHES})
+
+
+def _event_strategy():
+    """Random events: leptons around the threshold, candidates around theirs, some exactly one
+    cone radius (in eta or phi, across the phi wrap too) from a lepton or from each other."""
+    from hypothesis import strategies as st
+
+    f32 = lambda lo, hi: st.floats(lo, hi, width=32, allow_nan=False)   # noqa: E731
+    pt = st.one_of(f32(0.0, 80.0), st.sampled_from([0.5, 1.0, 23.0, 30.0, 40.0]))
+    eta = st.one_of(f32(-2.5, 2.5), st.sampled_from([0.0, 0.3, -0.3, 0.6, 1.25]))
+    phi = st.one_of(f32(-3.125, 3.125), st.sampled_from([3.0, -3.0, 0.0, 0.3, float(np.float32(math.pi))]))
+
+    @st.composite
+    def event(draw):
+        ev = {}
+        anchors = []
+        for coll, n_max, extra in (("Electron", 2, ("Charge",)), ("Muon", 2, ("Charge",)),
+                                   ("EFlowTrack", 8, ("Charge", "PID", "X", "Y", "Z")),
+                                   ("EFlowPhoton", 5, ()), ("EFlowNeutralHadron", 5, ()), ("Jet", 3, ("BTag",))):
+            n = draw(st.integers(0, n_max))
+            key = KIN.get(coll, "PT")
+            ev[f"{coll}.{key}"] = [draw(pt) for _ in range(n)]
+            etas, phis = [], []
+            for _ in range(n):
+                if anchors and draw(st.booleans()):       # one cone radius away from an earlier object
+                    a_eta, a_phi = draw(st.sampled_from(anchors))
+                    d = draw(st.sampled_from([(0.3, 0.0), (-0.3, 0.0), (0.0, 0.3), (0.0, -0.3), (0.0, 0.0),
+                                              (0.0005, 0.0)]))
+                    etas.append(float(np.float32(a_eta + d[0])))
+                    p = a_phi + d[1]
+                    phis.append(float(np.float32(p - 2 * math.pi if p > math.pi else p)))
+                else:
+                    etas.append(draw(eta))
+                    phis.append(draw(phi))
+            anchors += list(zip(etas, phis))
+            if coll != "Jet":
+                ev[f"{coll}.Eta"], ev[f"{coll}.Phi"] = etas, phis
+            else:
+                ev["Jet.Eta"] = etas
+            for x in extra:
+                ev[f"{coll}.{x}"] = [draw(st.sampled_from({"Charge": [-1, 1], "PID": [211, -11, 13, 22, 11],
+                                                           "BTag": [0, 1, 2]}.get(x, [0.0, 1.5, -2.0])))
+                                     for _ in range(n)]
+        met = draw(st.lists(f32(0.0, 200.0), max_size=1))
+        ev["MissingET.MET"], ev["MissingET.Phi"] = met, [draw(phi) for _ in met]
+        return ev
+
+    return st.lists(event(), max_size=5)
+
+
+def _compare_with_reference(events):
+    block = D.compute_features(_events_array(events))
+    arrs = _events_array(events)
+    per_event = [{b: np.asarray(arrs[b][i]) for b in D.REQUIRED_BRANCHES} for i in range(len(events))]
+    ref = [_ref_event(ev) for ev in per_event]
+    assert block.n_read == len(events)
+    assert block.index.tolist() == [i for i, r in enumerate(ref) if r is not None]
+    for k, i in enumerate(block.index):
+        hlf, llf, n = ref[i]
+        np.testing.assert_allclose(block.hlf[k], hlf.astype(np.float32), rtol=1e-5, atol=1e-5)
+        assert block.n_particles[k] == n
+        np.testing.assert_allclose(block.llf[k].reshape(N, F), llf.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_fast_path_matches_reference_on_edge_events():
+    lep = {"Muon.PT": [40.0], "Muon.Eta": [0.5], "Muon.Phi": [3.0], "Muon.Charge": [-1]}
+    on_edge = {**lep, "EFlowTrack.PT": [40.0, 5.0, 2.0], "EFlowTrack.Eta": [0.5, 0.8, 0.5],
+               "EFlowTrack.Phi": [3.0, 3.0, float(np.float32(3.0 + 0.3 - 2 * math.pi))],
+               "EFlowTrack.Charge": [-1, 1, 1], "EFlowTrack.PID": [13, 211, 211],
+               "EFlowTrack.X": [0.0, 0.1, 0.2], "EFlowTrack.Y": [0.0] * 3, "EFlowTrack.Z": [0.0] * 3,
+               "EFlowPhoton.ET": [3.0], "EFlowPhoton.Eta": [0.2], "EFlowPhoton.Phi": [3.0]}
+    no_candidates = {**lep}
+    empty = {}
+    _compare_with_reference([on_edge, no_candidates, empty])
+    _compare_with_reference([])
+    block = D.compute_features(_events_array([no_candidates]))
+    assert block.index.tolist() == [0] and block.n_particles.tolist() == [1]   # the lepton row only
+
+
+def test_fast_path_matches_reference_on_random_events():
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_event_strategy())
+    def check(events):
+        _compare_with_reference(events)
+
+    check()
