@@ -276,7 +276,9 @@ def test_plain_training_run_logs_to_mlflow(tmp_path, monkeypatch):
     assert run.data.params["algorithm"] == "arsgd" and run.data.params["launcher"] == "local"
     test_acc = curve[curve["split"] == "test"]["accuracy"].iloc[-1]
     assert run.data.metrics["test_accuracy"] == pytest.approx(test_acc)
-    assert "metrics.jsonl" in {a.path for a in c.list_artifacts(run.info.run_id)}
+    assert {"metrics.jsonl", "summary.json", "learning_curve.png"} <= {a.path for a in c.list_artifacts(run.info.run_id)}
+    written = sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.endswith("-checkpoints"))
+    assert written == ["mlruns", "t0", "t1"]  # the learning-curve PNG went to MLflow only
 
 
 

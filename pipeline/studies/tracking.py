@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -107,8 +108,9 @@ def _final_metrics(row: dict) -> list:
 
 
 def log_run(c, exp_id: str, name: str, params: dict, row: dict, train_dir: Path, parent: Optional[str] = None,
-            tags: Optional[dict] = None, plot: bool = True) -> str:
-    """One finished training run as an MLflow run; returns its run id."""
+            tags: Optional[dict] = None, plot_dir: Optional[Path] = None) -> str:
+    """One finished training run as an MLflow run; returns its run id. The learning-curve PNG is
+    written to ``plot_dir`` (kept) or to a temporary directory."""
     from ..report.curves import ReportConfig, report
     from .results import load_curve
 
@@ -126,10 +128,11 @@ def log_run(c, exp_id: str, name: str, params: dict, row: dict, train_dir: Path,
         for f in ("metrics.jsonl", "summary.json"):
             if (train_dir / f).is_file():
                 c.log_artifact(rid, str(train_dir / f))
-        if plot and any(r.get("split") == "val" for r in curve):
-            png = train_dir.parent / "learning_curve.png"
-            report(ReportConfig(runs=[str(train_dir)], output=str(png), labels=[name], title=name))
-            c.log_artifact(rid, str(png))
+        if any(r.get("split") == "val" for r in curve):
+            with tempfile.TemporaryDirectory(prefix="curve-") as tmp:
+                png = Path(plot_dir or tmp) / "learning_curve.png"
+                report(ReportConfig(runs=[str(train_dir)], output=str(png), labels=[name], title=name))
+                c.log_artifact(rid, str(png))
         c.set_terminated(rid, "FINISHED")
     except BaseException:
         c.set_terminated(rid, "FAILED")
@@ -178,7 +181,8 @@ class ParentRun:
         rid = logged_run(marker)
         if rid is not None and read_json(marker).get("tracking_uri") == self.uri and self._exists(rid):
             return rid
-        rid = log_run(self.c, self.exp_id, name, params, row, train_dir, parent=self.run_id, tags=tags)
+        rid = log_run(self.c, self.exp_id, name, params, row, train_dir, parent=self.run_id, tags=tags,
+                      plot_dir=Path(train_dir).parent)
         remember_run(marker, self.uri, rid)
         return rid
 
@@ -211,7 +215,7 @@ def track_training(cfg, summary: dict) -> Optional[str]:
     c = client(uri)
     exp = experiment_id(c, cfg.tracking.experiment or "train")
     rid = log_run(c, exp, out.name, train_params(cfg), run_metrics(out), out,
-                  tags={"pipeline.output": str(out)}, plot=False)
+                  tags={"pipeline.output": str(out)})
     log.info("MLflow: run %s in experiment %s at %s", rid, cfg.tracking.experiment or "train", uri)
     summary["mlflow_run_id"] = rid
     return rid
