@@ -189,3 +189,21 @@ def test_an_airflow_retry_of_the_train_task_resumes_from_the_run_scoped_checkpoi
     assert retry.returncode == 0, retry.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["resumed_from"].endswith("step_00000010") and s["steps"] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_time_budgeted_run_resumes_with_a_warning_that_it_is_not_bit_identical(tmp_path, caplog):
+    from pipeline.train.launch import train
+
+    man = _shards(tmp_path)
+    cfg = TrainConfig(output=str(tmp_path / "run"), debug={"fail_at_step": 5, "fail_rank": 1, "fail_mode": "kill"},
+                      **_base(man, checkpoint_every=4,
+                              algorithm={"name": "timed_local_sgd", "params": {"round_seconds": 0.05,
+                                                                              "nominal_steps": 2}}))
+    with caplog.at_level(logging.WARNING):
+        run = train(cfg)
+    (r,) = run["restarts"]
+    assert r["bit_identical"] is False and r["worker"] == 1
+    assert any("not bit-identical" in m.getMessage() for m in caplog.records)
+    assert run["test_accuracy"] > 0.3  # it trained on after the restart (10 classes: chance is 0.1)

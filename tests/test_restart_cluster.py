@@ -11,7 +11,9 @@ from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
 
 pytest_plugins = ["train_fixtures"]
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow,
+              # horovod.spark's background thread reports the Spark job it cancels after the kill
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")]
 
 KILL = {"fail_at_step": 7, "fail_rank": 1, "fail_mode": "kill"}
 
@@ -60,3 +62,13 @@ def test_four_local_workers_one_killed(tmp_path):
     run = train(TrainConfig(output=str(tmp_path / "run"), debug={**KILL, "fail_at_step": 5, "fail_rank": 3},
                             **base))
     _check_restart(run, ref, 3, 3)
+
+
+@pytest.mark.parametrize("launcher", ["horovod", "torch"])
+def test_a_spark_launch_fails_at_once_without_enough_task_slots(spark, tmp_path, launcher):
+    from pipeline.errors import ConfigError
+
+    man = _shards(tmp_path, 3)  # the session is local[2]: two task slots
+    with pytest.raises(ConfigError, match="workers=3"):
+        train(TrainConfig(output=str(tmp_path / "out"), **_base(man, launcher=launcher)), spark)
+    assert not (tmp_path / "out").exists()

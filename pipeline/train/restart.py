@@ -156,7 +156,7 @@ _PERMANENT = ("BadInputError:", "ConfigError:", "No space left on device", "Read
 
 def is_restartable(exc: BaseException) -> bool:
     """Everything but what fails the same way again (see ``_PERMANENT``) and an interrupt."""
-    if isinstance(exc, (PipelineError, KeyboardInterrupt)):
+    if isinstance(exc, PipelineError):
         return False
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
         return False
@@ -173,7 +173,7 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck: Path,
     while True:
         try:
             return launch(attempt_cfg, str(resume_from) if resume_from else None), restarts
-        except BaseException as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:  # noqa: BLE001 - classified below (an interrupt is never restarted)
             if not is_restartable(exc):
                 raise
             failure = one_line(exc)
