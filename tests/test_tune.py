@@ -42,17 +42,24 @@ def _best_val(train_dir: Path) -> float:
     return max(r["accuracy"] for r in recs if r["split"] == "val")
 
 
+@pytest.fixture(scope="module")
+def finished_tune(spark, tmp_path_factory):
+    """The tiny search (2 random trials, 2 at a time), run once through jobs/tune.py."""
+    tmp = tmp_path_factory.mktemp("tune")
+    # the digits dataset and its shards are cached by config in a directory shared with test_studies.py
+    data = tmp_path_factory.getbasetemp() / "studies_data"
+    cfg = _write(tmp / "t.yaml", tiny_tune(tmp, data_dir=str(data)))
+    assert tune_job.main(["--config", str(cfg)]) == 0
+    return cfg, tmp / "tune"
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_tiny_tuning_on_spark_writes_a_loadable_best_config(spark, tmp_path, tmp_path_factory, monkeypatch, capsys):
+def test_tiny_tuning_on_spark_writes_a_loadable_best_config(finished_tune, monkeypatch, capsys):
     from pipeline.config import load_config
     from pipeline.train.config import TrainConfig
 
-    # the digits dataset and its shards are cached by config in a directory shared with test_studies.py
-    data = tmp_path_factory.getbasetemp() / "studies_data"
-    cfg = _write(tmp_path / "t.yaml", tiny_tune(tmp_path, data_dir=str(data)))
-    assert tune_job.main(["--config", str(cfg)]) == 0
-    out = tmp_path / "tune"
+    _, out = finished_tune
     trials = pd.read_parquet(out / "trials.parquet").sort_values("trial")
     assert list(trials["trial"]) == [0, 1] and set(trials["state"]) == {"COMPLETE"}
     # the two trials ran at the same time, as two tasks of one Spark job
@@ -90,6 +97,19 @@ def test_tiny_tuning_on_spark_writes_a_loadable_best_config(spark, tmp_path, tmp
         recs = (out / "trials" / f"trial_{n}" / "train" / "metrics.jsonl").read_text().splitlines()
         n_val = sum(json.loads(ln)["split"] == "val" for ln in recs if ln.strip())
         assert n_val >= 2 and len(c.get_metric_history(k.info.run_id, "val_accuracy")) == n_val
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_rerunning_a_search_continues_it(finished_tune):
+    """More trials on the same output: the finished trials are kept, only the new one runs."""
+    cfg, out = finished_tune
+    stamps = {n: (out / "trials" / f"trial_{n}" / "train" / "summary.json").stat().st_mtime_ns for n in (0, 1)}
+    assert tune_job.main(["--config", str(cfg), "--set", "trials=3", "--set", "parallel=1"]) == 0
+    trials = pd.read_parquet(out / "trials.parquet").sort_values("trial")
+    assert list(trials["trial"]) == [0, 1, 2] and set(trials["state"]) == {"COMPLETE"}
+    assert {n: (out / "trials" / f"trial_{n}" / "train" / "summary.json").stat().st_mtime_ns for n in (0, 1)} == stamps
+    assert trials["objective"].max() == pytest.approx(json.loads((out / "best.json").read_text())["value"])
 
 
 def test_grid_dry_run_counts_the_grid(tmp_path, capsys):

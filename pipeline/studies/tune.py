@@ -186,14 +186,17 @@ def n_trials(cfg: TuneConfig, grid: Optional[dict]) -> int:
     return min(cfg.trials, math.prod(len(v) for v in grid.values()))
 
 
-def make_sampler(cfg: TuneConfig, grid: Optional[dict]):
+def make_sampler(cfg: TuneConfig, grid: Optional[dict], resumed: int = 0):
+    """The Optuna sampler; a continued search (``resumed`` trials in the journal) gets the seed
+    ``seed + resumed`` so that it does not draw the first trials' values again."""
     import optuna
 
+    seed = cfg.seed + resumed
     if cfg.sampler == "grid":
-        return optuna.samplers.GridSampler(grid, seed=cfg.seed)
+        return optuna.samplers.GridSampler(grid, seed=seed)
     if cfg.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=cfg.seed)
-    return optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=min(10, max(2, cfg.trials // 3)))
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, cfg.trials // 3)))
 
 
 # ------------------------------------------------------------------------- trials on Spark
@@ -265,8 +268,9 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
     grid = grid_space(cfg) if cfg.sampler == "grid" else None
     total = n_trials(cfg, grid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=_storage(out), sampler=make_sampler(cfg, grid), study_name=cfg.name,
-                                direction=cfg.direction, load_if_exists=True)
+    study = optuna.create_study(storage=_storage(out), study_name=cfg.name, direction=cfg.direction,
+                                load_if_exists=True)
+    study.sampler = make_sampler(cfg, grid, resumed=len(study.get_trials(deepcopy=False)))
     _fail_stale(study)
     tracker = _TuneTracker(cfg, out)
     spark = spark or get_spark(cfg.spark)
