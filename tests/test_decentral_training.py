@@ -52,7 +52,7 @@ def test_time_budgeted_swarm_with_slowmo_and_a_straggler(digits4, tmp_path):
     algo = {"name": "slowmo", "params": {"base": "swarm", "tau": 2, "beta": 0.3,
                                          "base_params": {"schedule": "time", "round_seconds": 0.25,
                                                          "local_steps": 4, "weighting": "steps"}}}
-    s = train(_cfg(digits4, tmp_path / "tb", algo, epochs=1, stragglers={"slowdown": {2: 3.0}}))
+    s = train(_cfg(digits4, tmp_path / "tb", algo, epochs=1, eval_every=8, stragglers={"slowdown": {2: 3.0}}))
     ranks = s["ranks"]
     assert len({r["rounds"] for r in ranks}) == 1  # all workers stop at the same round
     assert ranks[0]["rounds"] == -(-31 // 4)  # ceil(steps of one epoch / H) rounds
