@@ -3,6 +3,7 @@ skipped with a warning naming it, keep-last-K, the RNG round trip (CPU, and CUDA
 injected probe), and where a run starts for each ``resume`` setting."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 import random
@@ -100,7 +101,7 @@ class FakeCuda:
 def test_cuda_rng_states_are_saved_and_restored_through_the_probe(tmp_path, comm):
     model, opt, algo = _parts()
     blob = checkpoint.rank_bytes(model, opt, algo, cuda=FakeCuda(fill=3))
-    st = torch.load(__import__("io").BytesIO(blob), weights_only=False)
+    st = torch.load(io.BytesIO(blob), weights_only=False)
     assert [s.tolist()[0] for s in st["rng"]["cuda"]] == [3, 4]
     probe = FakeCuda(fill=50)
     checkpoint.set_rng_state(st["rng"], cuda=probe)

@@ -206,4 +206,5 @@ def test_a_time_budgeted_run_resumes_with_a_warning_that_it_is_not_bit_identical
     (r,) = run["restarts"]
     assert r["bit_identical"] is False and r["worker"] == 1
     assert any("not bit-identical" in m.getMessage() for m in caplog.records)
-    assert run["test_accuracy"] > 0.3  # it trained on after the restart (10 classes: chance is 0.1)
+    assert run["steps"] > r["from_step"] and "test_accuracy" in run  # it went on from the checkpoint to the end
+    assert "Connection reset" not in r["failure"]  # the root failure, not its consequence for the peers

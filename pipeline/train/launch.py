@@ -199,7 +199,7 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
     return _local_outcome(world, results, errors, lost, WorkerLost)
 
 
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 
 
 def _local_outcome(world, results, errors, lost, lost_cls) -> list[dict]:
@@ -208,15 +208,16 @@ def _local_outcome(world, results, errors, lost, lost_cls) -> list[dict]:
     for r in sorted(errors):
         if isinstance(errors[r], PipelineError):
             raise errors[r]
+    # a peer's broken connection is a consequence of another failure: report the root one
+    root = {k: e for k, e in errors.items() if not any(m in str(e) for m in _PEER_LOST)}
     if lost:
         r = min(lost)
         code = lost[r]
         how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
             else f"exit code {code}"
-        others = "; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(errors.items()))
+        others = "; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(root.items()))
         raise lost_cls(f"rank {r}: worker process died ({how})" + (f"; then {others}" if others else ""), rank=r)
-    # a peer's broken connection is a consequence: report the root failure
-    root = {k: e for k, e in errors.items() if not any(m in str(e) for m in _PEER_LOST)} or errors
+    root = root or errors
     if len(root) == 1:
         raise next(iter(root.values()))
     if root:
