@@ -220,6 +220,7 @@ def test_dry_run_counts_runs_and_distinct_layouts(tmp_path, capsys):
     ({"fixed": {"workers": 4, "shard.scheme": "households", "shard.households": 3}}, "households"),
     ({"metrics": ["accuracy_typo"]}, "accuracy_typo"),
     ({"target_accuracy": None, "metrics": ["time_to_target_s"]}, "needs target_accuracy"),
+    ({"tracking": {"enabled": True, "uri": "nosuchscheme://x"}}, "tracking.uri='nosuchscheme://x'"),
 ])
 def test_bad_study_gives_one_line_exit_2_and_starts_nothing(tmp_path, capsys, change, needle):
     doc = tiny_study(tmp_path)
@@ -266,6 +267,16 @@ def test_plain_training_run_logs_to_mlflow(tmp_path, monkeypatch):
     rc = train_job.main(args + ["--output", str(out), "--set", "tracking.enabled=true",
                                 "--set", "tracking.experiment=plain"])
     assert rc == 0
+    # any tracking URI: here a file store elsewhere
+    other = tmp_path / "elsewhere" / "store"
+    assert train_job.main(args + ["--output", str(tmp_path / "runs" / "t2"), "--set", "tracking.enabled=true",
+                                  "--set", f"tracking.uri=file://{other}"]) == 0
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow import MlflowClient
+
+    elsewhere = MlflowClient(tracking_uri=f"file://{other}")
+    (r2,) = elsewhere.search_runs([elsewhere.get_experiment_by_name("train").experiment_id])
+    assert r2.data.tags["pipeline.output"] == str(tmp_path / "runs" / "t2")
     c = _mlflow(tmp_path / "runs", monkeypatch)
     exp = c.get_experiment_by_name("plain")
     (run,) = c.search_runs([exp.experiment_id])
@@ -278,7 +289,7 @@ def test_plain_training_run_logs_to_mlflow(tmp_path, monkeypatch):
     assert run.data.metrics["test_accuracy"] == pytest.approx(test_acc)
     assert {"metrics.jsonl", "summary.json", "learning_curve.png"} <= {a.path for a in c.list_artifacts(run.info.run_id)}
     written = sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.endswith("-checkpoints"))
-    assert written == ["mlruns", "t0", "t1"]  # the learning-curve PNG went to MLflow only
+    assert written == ["mlruns", "t0", "t1", "t2"]  # the learning-curve PNG went to MLflow only
 
 
 

@@ -249,6 +249,10 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
 
     t0 = time.time()
     plan = plan_study(spec)
+    if spec.tracking.enabled and spec.tracking.uri:
+        from .tracking import client
+
+        client(spec.tracking.uri)  # a bad tracking URI fails here, before anything is written
     out = study_dir(spec)
     data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
     out.mkdir(parents=True, exist_ok=True)

@@ -262,6 +262,10 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
 
     t0 = time.time()
     base = check_tune(cfg)
+    if cfg.tracking.enabled and cfg.tracking.uri:
+        from .tracking import client
+
+        client(cfg.tracking.uri)  # a bad tracking URI fails here, before anything is written
     out = tune_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     data_root = local_path(cfg.data_dir) if cfg.data_dir else out / "data"
