@@ -191,9 +191,8 @@ class _Tracker:
         rdir = run_dir(out, cell, seed)
         cfg = plan.config(cell, seed)
         params = {**{f"factor.{k}": v for k, v in cell.factors.items()}, "cell": cell.name, "seed": seed,
-                  "workers": cfg.workers, **{f"train.{k}": v for k, v in train_params(cfg.train).items()}}
-        if plan.spec.workflow == "images":
-            params["shard.scheme"] = cfg.shard.scheme
+                  "workers": cfg.workers, "shard.scheme": cfg.shard.scheme,
+                  **{f"train.{k}": v for k, v in train_params(cfg.train).items()}}
         metrics = {k: v for k, v in row.items() if k in METRICS or k.startswith("test_auc_")}
         self.parent.child(rdir / "mlflow_run.json", f"{cell.name} / seed {seed}", params, metrics, rdir / "train",
                           {"pipeline.cell": cell.name, "pipeline.seed": str(seed), "pipeline.study": plan.spec.name})
