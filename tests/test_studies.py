@@ -360,3 +360,34 @@ def test_a_failed_run_is_reported_and_the_others_are_kept(spark, tmp_path, tmp_p
     (failed,) = [p for p in (out / "runs").glob("*/seed_0") if (p / "error.txt").exists()]
     assert "batch_size" in (failed / "error.txt").read_text() and not (failed / "train").exists()
     assert not (out / "mlruns").exists()
+
+
+def test_hep_data_stages_chain_through_the_cache(tmp_path):
+    """A HEP run's stages: each reads the keyed output of the one before, training reads the shard
+    manifest and the scaling fitted by the feature stage; no real coffea samples."""
+    from pipeline.config import load_config
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.runner import data_paths, stage_configs
+    from pipeline.studies.spec import StudyConfig
+
+    spec = load_config(StudyConfig, Path(__file__).resolve().parents[1] / "configs/experiments/speedup_vs_workers.yaml")
+    plan = plan_study(spec)
+    root = tmp_path / "data"
+    layouts = set()
+    for cell in plan.cells:
+        p, todo = data_paths(plan.config(cell, 0), "hep", root)
+        stages = {name: (cfg, out) for name, cfg, out in todo}
+        assert list(stages) == ["simulate", "ingest", "features", "shard"]
+        sim, ing, feat, sh = (stages[k][1] for k in ("simulate", "ingest", "features", "shard"))
+        assert all(o.parent == root for o in (sim, ing, feat, sh))
+        assert stages["ingest"][0].input == f"{sim}/*/*.root"
+        assert stages["features"][0].input == str(ing)
+        assert {s.files[0] for s in stages["features"][0].samples} == {f"{sim}/{n}/*.root" for n in ("qcd", "ttbar", "wjets")}
+        assert stages["shard"][0].input == str(feat / "hlf") and stages["shard"][0].workers == cell.factors["workers"]
+        p["train"] = tmp_path / "train"
+        tr = stage_configs(plan.config(cell, 0), "hep", p)["train"]
+        assert tr.manifest == str(sh / "manifest.json") and tr.scaling == str(feat / "scaling.json")
+        layouts.add(sh)
+        assert {"real_delphes", "real_features"}.isdisjoint(stage_configs(plan.config(cell, 0), "hep", p))
+    assert len(layouts) == 4  # one per worker count; the events, ingestion and features are shared
+    assert not root.exists()
