@@ -74,11 +74,12 @@ def _gather(x: torch.Tensor, world: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- AD-PSGD
 def _adpsgd(rank, world, slow, rounds, round_s, leave_after):
-    from pipeline.train.algorithms.adpsgd import PairAveraging
+    from pipeline.train.algorithms.adpsgd import PairAveraging, adpsgd_pairs
     from pipeline.train.comm.p2p import P2PChannel
 
     x = _vector(rank)
-    core = PairAveraging(P2PChannel(20), [x], threading.Lock(), seed=3, delay_s=0.01 if rank == slow else 0.0)
+    core = PairAveraging(P2PChannel(adpsgd_pairs(world), 20), [x], threading.Lock(), seed=3,
+                         delay_s=0.01 if rank == slow else 0.0)
     snaps = [_gather(x, world)]
     for r in range(rounds):
         if r == leave_after.get(rank, -1):
@@ -126,11 +127,11 @@ def test_adpsgd_a_worker_that_stops_early_does_not_block_the_others(world, leave
 
 def _adpsgd_killed(rank, world, victim, outdir):
     from pipeline.outputs import atomic_output_dir
-    from pipeline.train.algorithms.adpsgd import PairAveraging
+    from pipeline.train.algorithms.adpsgd import PairAveraging, adpsgd_pairs
     from pipeline.train.comm.p2p import P2PChannel
 
     x = _vector(rank)
-    core = PairAveraging(P2PChannel(5), [x], threading.Lock(), seed=3)
+    core = PairAveraging(P2PChannel(adpsgd_pairs(world), 5), [x], threading.Lock(), seed=3)
     t0 = time.time()
     with atomic_output_dir(os.path.join(outdir, f"rank{rank}")) as tmp:
         for r in range(6):
@@ -161,10 +162,10 @@ def test_adpsgd_a_peer_killed_mid_run_fails_the_others_clearly(tmp_path):
 # ---------------------------------------------------------------------------- EA-wild holder
 def _eawild(rank, world, locked, seconds, alpha, slow):
     from pipeline.train.algorithms.async_common import AsyncStats
-    from pipeline.train.algorithms.eawild import CentreHolder, CentreLink, elastic_rule
+    from pipeline.train.algorithms.eawild import CentreHolder, CentreLink, centre_pairs, elastic_rule
     from pipeline.train.comm.p2p import P2PChannel
 
-    ch = P2PChannel(20)
+    ch = P2PChannel(centre_pairs(world), 20)
     x = _vector(rank)
     c0 = _vector(0)  # every worker starts from rank 0's vector; the centre too
     x.copy_(c0) if rank == 0 else None

@@ -10,7 +10,8 @@ thread** repeatedly averages the model with one peer::
 Deadlock avoidance -- the active/passive bipartition of the reference implementation: even
 ranks are ACTIVE, odd ranks PASSIVE (M = 2: 0 active, 1 passive; M = 3: 0, 2 active, 1
 passive). Only an active worker starts an averaging, with a passive peer chosen uniformly at
-random; a passive worker serves one request at a time. Every worker is in at most one
+random; a passive worker serves one request at a time (one serving thread per active, each on
+its own pair channel, taking turns on a lock). Every worker is in at most one
 averaging at a time (its communication thread does one thing at a time), an active waits only
 for passives and a passive only for the active it is serving, so there is no cycle of waits.
 
@@ -30,6 +31,10 @@ and sends END to every passive; a passive serves until it heard END (or LEAVE) f
 active. A worker that stops for good (:meth:`PairAveraging.leave`): an active sends LEAVE and
 stops; a passive keeps answering requests from its thread, without round gating, until every
 active has left (its own computation has stopped, so nobody waits for it).
+
+"Thread" above: an active worker has one communication thread; a passive one has one serving
+thread per active (see :class:`~.async_common.RoundServer`); either way every worker is in at
+most one averaging at a time.
 """
 from __future__ import annotations
 
@@ -42,11 +47,21 @@ import torch
 
 from ..comm.p2p import END, LEAVE, REQ, P2PChannel, PeerError
 from . import BuildContext, Spec
-from .async_common import AsyncAlgorithm, AsyncParams, AsyncStats, add_flat_, exchanged_tensors, flat_copy
+from .async_common import (AsyncAlgorithm, AsyncParams, AsyncStats, RoundServer, add_flat_, exchanged_tensors,
+                           flat_copy)
+
+
+def adpsgd_pairs(world: int) -> list[tuple[int, int]]:
+    """Every (active, passive) pair of the bipartition: the channels AD-PSGD needs."""
+    return [(a, p) for a in range(0, world, 2) for p in range(1, world, 2)]
 
 
 class PairAveraging:
-    """The communication thread of AD-PSGD over ``tensors`` (guarded by ``lock``)."""
+    """The communication of AD-PSGD over ``tensors`` (guarded by ``lock``).
+
+    Active ranks run one thread that averages with random passives; passive ranks serve each
+    active from its own thread (:class:`~.async_common.RoundServer`), one averaging at a time
+    (``serve_lock``)."""
 
     def __init__(self, channel: P2PChannel, tensors: list[torch.Tensor], lock: threading.Lock,
                  stats: Optional[AsyncStats] = None, *, seed: int = 0, delay_s: float = 0.0,
@@ -64,46 +79,64 @@ class PairAveraging:
         self.error: Optional[BaseException] = None
         self._go, self._stop, self._done = threading.Event(), threading.Event(), threading.Event()
         self._leaving = False
+        self._state = "idle"  # what the active thread does now (for error messages)
         self._numel = sum(t.numel() for t in tensors)
         self._dtype = tensors[0].dtype
-        self.thread = threading.Thread(target=self._main, daemon=True, name=f"adpsgd-comm-{self.rank}")
-        self.thread.start()
+        self.serve_lock = threading.Lock()
+        self.server: Optional[RoundServer] = None
+        self.thread: Optional[threading.Thread] = None
+        if self.world > 1 and self.active:
+            self.thread = threading.Thread(target=self._main, daemon=True, name=f"adpsgd-active-{self.rank}")
+            self.thread.start()
+        elif self.world > 1:
+            self.server = RoundServer(channel, self.actives, self._handle, f"adpsgd-passive-{self.rank}")
 
     # ------------------------------------------------------------------ main-thread API
     def check(self) -> None:
         if self.error is not None:
             raise PeerError(str(self.error)) from self.error
+        if self.server is not None and self.server.error is not None:
+            e = self.server.error
+            raise PeerError(str(e)) from e
 
     def begin_round(self) -> None:
         self.check()
+        if self.server is not None:
+            self.server.begin_round(self.round)
+            return
         self._done.clear()
         self._stop.clear()
         self._go.set()
 
     def end_round(self, timeout_s: float) -> None:
-        self._stop.set()
-        if not self._done.wait(timeout_s):
-            self.check()
-            raise PeerError(f"rank {self.rank}: round {self.round} of AD-PSGD did not end within {timeout_s:.0f} s "
-                            "(a peer stopped without leaving)")
+        if self.server is not None:
+            self.server.end_round(self.round, timeout_s)
+        elif self.thread is not None:
+            self._stop.set()
+            if not self._done.wait(timeout_s):
+                self.check()
+                raise PeerError(f"rank {self.rank}: round {self.round} of AD-PSGD did not end within "
+                                f"{timeout_s:.0f} s ({self._state})")
         self.check()
         self.round += 1
 
     def leave(self, timeout_s: Optional[float] = None) -> None:
         """Stop for good; a passive returns once every active has left (see module docstring)."""
-        self._leaving = True
-        self._stop.set()
-        self._go.set()
-        self.thread.join(timeout_s)
-        if self.thread.is_alive():
-            raise PeerError(f"rank {self.rank}: AD-PSGD peers did not leave within {timeout_s:.0f} s")
+        if self.server is not None:
+            self.server.leave(timeout_s)
+        elif self.thread is not None:
+            self._leaving = True
+            self._stop.set()
+            self._go.set()
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                raise PeerError(f"rank {self.rank}: AD-PSGD could not leave within {timeout_s:.0f} s ({self._state})")
         self.check()
 
-    # ------------------------------------------------------------------ communication thread
+    # ------------------------------------------------------------------ active thread
     def _main(self) -> None:
         try:
-            if self.world > 1:
-                self._run_active() if self.active else self._run_passive()
+            self._run_active()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             self.error = e
         finally:
@@ -114,34 +147,19 @@ class PairAveraging:
             self._go.wait()
             self._go.clear()
             while not self._stop.is_set():
-                self._exchange(int(self.rng.choice(self.passives)))
+                j = int(self.rng.choice(self.passives))
+                self._state = f"active averaging with rank {j}"
+                self._exchange(j)
                 if self.delay_s:
                     time.sleep(self.delay_s)
             kind = LEAVE if self._leaving else END
             for j in self.passives:
+                self._state = f"active sending {'LEAVE' if kind == LEAVE else 'END'} to rank {j}"
                 self.ch.send_header(j, kind, self.round)
+            self._state = "idle"
             self._done.set()
             if kind == LEAVE:
                 return
-
-    def _run_passive(self) -> None:
-        left: set[int] = set()
-        while len(left) < len(self.actives):
-            if not self._leaving:
-                self._go.wait()
-                self._go.clear()
-            ended = set(left)
-            while len(ended) < len(self.actives):
-                src, kind, _, _, _ = self.ch.recv_header(None)
-                if kind == REQ:
-                    self._serve(src)
-                elif kind in (END, LEAVE):
-                    ended.add(src)
-                    if kind == LEAVE:
-                        left.add(src)
-                else:
-                    raise PeerError(f"rank {self.rank}: unexpected message kind {kind} from rank {src}")
-            self._done.set()
 
     def _exchange(self, j: int) -> None:
         with self.lock:
@@ -157,15 +175,19 @@ class PairAveraging:
         self.stats.add_exchange()
         self.stats.add_staleness(stale)
 
-    def _serve(self, src: int) -> None:
+    # ------------------------------------------------------------------ passive serving threads
+    def _handle(self, src: int, kind: int) -> None:
+        if kind != REQ:
+            raise PeerError(f"rank {self.rank}: unexpected message kind {kind} from rank {src}")
         theirs = torch.empty(self._numel, dtype=self._dtype)
-        self.ch.recv(theirs, src)
-        with self.lock:
-            mine = flat_copy(self.tensors)
-            add_flat_(self.tensors, theirs - mine, 0.5)
-        self.ch.send(mine, src)
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        with self.serve_lock:  # one averaging at a time on this worker
+            self.ch.recv(theirs, src)
+            with self.lock:
+                mine = flat_copy(self.tensors)
+                add_flat_(self.tensors, theirs - mine, 0.5)
+            self.ch.send(mine, src)
+            if self.delay_s:
+                time.sleep(self.delay_s)
         self.stats.add_exchange()
         self.stats.add_staleness(0)
 
@@ -182,7 +204,7 @@ class ADPSGD(AsyncAlgorithm):
         self.tensors = exchanged_tensors(self.params, averager)
         self.core: Optional[PairAveraging] = None
         if comm.world_size > 1:
-            self.channel = P2PChannel(self.timeout_s)
+            self.channel = P2PChannel(adpsgd_pairs(comm.world_size), self.timeout_s)
             self.core = PairAveraging(self.channel, self.tensors, self.lock, self.stats, seed=seed,
                                       grad_steps=lambda: self.stats.grad_steps)
 

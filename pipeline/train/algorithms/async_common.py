@@ -170,6 +170,7 @@ class AsyncAlgorithm(RoundAlgorithm):
         self.channel = None
         self._in_round = False
         self._closed = False
+        self._last_metrics: dict = {}
         self._round_t0 = time.perf_counter()
 
     # -- the round protocol
@@ -212,7 +213,10 @@ class AsyncAlgorithm(RoundAlgorithm):
         self.stats.reset()
         with self.comm.stats_paused():
             parts = self.comm.allgather_object(mine)
-        return combine(parts)
+        if sum(p["grad_steps"] for p in parts) == 0 and self._last_metrics:
+            return self._last_metrics  # nothing happened since (the test record right after the last one)
+        self._last_metrics = combine(parts)
+        return self._last_metrics
 
     def summary_stats(self) -> dict:
         return self.channel.stats() if self.channel is not None else {}
@@ -251,3 +255,95 @@ class AsyncAlgorithm(RoundAlgorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rounds_done = int(state.get("rounds_done", 0))
+
+
+class RoundServer:
+    """The serving side of an asynchronous algorithm: one thread per client, with round gating.
+
+    Each thread blocks on a receive from its client (its own pair group, see
+    :mod:`~..comm.p2p`) and calls ``handle(src, kind)`` for every request; END closes the
+    client's round r, after which the thread waits until the main thread begins round r + 1
+    (so nothing is served while the main thread is in a collective); LEAVE retires the client.
+    ``leave()`` switches gating off: the threads serve until every client has left.
+    """
+
+    def __init__(self, channel, clients, handle, name: str) -> None:
+        from ..comm.p2p import END, LEAVE
+
+        self._END, self._LEAVE = END, LEAVE
+        self.ch, self.clients, self.handle = channel, list(clients), handle
+        self.cv = threading.Condition()
+        self.begun = -1
+        self.ended = {c: -1 for c in self.clients}
+        self.left: set[int] = set()
+        self.leaving = False
+        self.error: Optional[BaseException] = None
+        self.threads = [threading.Thread(target=self._serve, args=(c,), daemon=True, name=f"{name}-{c}")
+                        for c in self.clients]
+        for t in self.threads:
+            t.start()
+
+    def _serve(self, src: int) -> None:
+        r = 0
+        try:
+            while True:
+                with self.cv:
+                    self.cv.wait_for(lambda: self.begun >= r or self.leaving or self.error is not None)
+                    if self.error is not None:
+                        return
+                while True:
+                    kind = self.ch.recv_header(src)[0]
+                    if kind == self._END:
+                        with self.cv:
+                            self.ended[src] = r
+                            self.cv.notify_all()
+                        r += 1
+                        break
+                    if kind == self._LEAVE:
+                        with self.cv:
+                            self.left.add(src)
+                            self.cv.notify_all()
+                        return
+                    self.handle(src, kind)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            with self.cv:
+                self.error = self.error or e
+                self.cv.notify_all()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def begin_round(self, r: int) -> None:
+        self.check()
+        with self.cv:
+            self.begun = r
+            self.cv.notify_all()
+
+    def end_round(self, r: int, timeout_s: float) -> None:
+        def over():
+            return self.error is not None or all(self.ended[c] >= r or c in self.left for c in self.clients)
+
+        with self.cv:
+            ok = self.cv.wait_for(over, timeout_s)
+            missing = [c for c in self.clients if self.ended[c] < r and c not in self.left]
+        self.check()
+        if not ok:
+            from ..comm.p2p import PeerError
+
+            raise PeerError(f"rank {self.ch.rank}: round {r} did not end within {timeout_s:.0f} s: no END from "
+                            f"ranks {missing} (a peer stopped without leaving)")
+
+    def leave(self, timeout_s: Optional[float]) -> None:
+        with self.cv:
+            self.leaving = True
+            self.cv.notify_all()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for t in self.threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.check()
+        if any(t.is_alive() for t in self.threads):
+            from ..comm.p2p import PeerError
+
+            raise PeerError(f"rank {self.ch.rank}: clients {sorted(set(self.clients) - self.left)} did not leave "
+                            f"within {timeout_s:.0f} s")

@@ -16,7 +16,9 @@ holder (ACQUIRE -> c, PUSH -> release), so every worker sees the newest centre a
 equals the sequential EASGD updates in the holder's grant order (``CentreHolder.order``); the
 waiting it costs is measured (idle fraction).
 
-The holder logic (:class:`CentreHolder`, :class:`CentreLink`) is shared with the
+The holder (:class:`CentreHolder`) serves every other rank from its own thread on its own
+pair channel; pushes are applied one at a time under a mutex. The holder logic (with
+:class:`CentreLink`, a worker's access) is shared with the
 asynchronous parameter server (``async_ps``), which pushes gradients instead of models.
 Rounds end as described in :mod:`.async_common`: each non-holder sends END; the holder serves
 until it heard END (or LEAVE) from all. The final model is the world average of the workers
@@ -34,7 +36,8 @@ from pydantic import Field
 
 from ..comm.p2p import ACQUIRE, END, LEAVE, PUSH, P2PChannel, PeerError
 from . import BuildContext, Spec
-from .async_common import AsyncAlgorithm, AsyncParams, AsyncStats, copy_flat_, exchanged_tensors, flat_copy
+from .async_common import (AsyncAlgorithm, AsyncParams, AsyncStats, RoundServer, copy_flat_, exchanged_tensors,
+                           flat_copy)
 
 
 class FairLock:
@@ -63,8 +66,13 @@ class FairLock:
 Rule = Callable[[torch.Tensor, torch.Tensor], None]  # rule(c, payload): update c in place
 
 
+def centre_pairs(world: int) -> list[tuple[int, int]]:
+    """The channels of a centre on rank 0: (0, j) for every other rank."""
+    return [(0, j) for j in range(1, world)]
+
+
 class CentreHolder:
-    """The centre ``c`` on rank 0 and the thread that serves pushes from the other ranks."""
+    """The centre ``c`` on rank 0 and its serving threads (one per other rank)."""
 
     def __init__(self, channel: Optional[P2PChannel], c0: torch.Tensor, rule: Rule, payload_numel: int,
                  locked: bool = False, stats: Optional[AsyncStats] = None) -> None:
@@ -76,14 +84,9 @@ class CentreHolder:
         self.version = 0
         self.order: list[int] = []  # rank of every applied push, in order
         self._pulled: dict[int, int] = {}
-        self.remotes = list(range(1, channel.world_size)) if channel is not None else []
-        self.error: Optional[BaseException] = None
-        self._go, self._done = threading.Event(), threading.Event()
-        self._leaving = False
-        self.thread = None
-        if self.remotes:
-            self.thread = threading.Thread(target=self._main, daemon=True, name="centre-holder")
-            self.thread.start()
+        self.round = 0
+        remotes = list(range(1, channel.world_size)) if channel is not None else []
+        self.server = RoundServer(channel, remotes, self._handle, "centre-holder") if remotes else None
 
     # -- the centre (any thread)
     def pull(self, src: int) -> torch.Tensor:
@@ -105,68 +108,39 @@ class CentreHolder:
 
     # -- main thread of rank 0
     def check(self) -> None:
-        if self.error is not None:
-            raise PeerError(str(self.error)) from self.error
+        if self.server is not None and self.server.error is not None:
+            e = self.server.error
+            raise PeerError(str(e)) from e
 
     def begin_round(self) -> None:
-        self.check()
-        self._done.clear()
-        self._go.set()
+        if self.server is not None:
+            self.server.begin_round(self.round)
 
     def end_round(self, timeout_s: float) -> None:
-        if self.thread is None:
-            return
-        if not self._done.wait(timeout_s):
-            self.check()
-            raise PeerError(f"rank 0: the centre holder did not hear the end of the round from every worker "
-                            f"within {timeout_s:.0f} s (a worker stopped without leaving)")
-        self.check()
+        if self.server is not None:
+            self.server.end_round(self.round, timeout_s)
+        self.round += 1
 
     def leave(self, timeout_s: Optional[float]) -> None:
-        self._leaving = True
-        self._go.set()
-        if self.thread is not None:
-            self.thread.join(timeout_s)
-            if self.thread.is_alive():
-                raise PeerError(f"rank 0: workers did not leave the centre holder within {timeout_s:.0f} s")
-        self.check()
+        if self.server is not None:
+            self.server.leave(timeout_s)
 
-    # -- the serving thread
-    def _main(self) -> None:
-        try:
-            left: set[int] = set()
-            while len(left) < len(self.remotes):
-                if not self._leaving:
-                    self._go.wait()
-                    self._go.clear()
-                ended = set(left)
-                while len(ended) < len(self.remotes):
-                    src, kind, _, _, _ = self.ch.recv_header(None)
-                    if kind == PUSH:
-                        self._serve_push(src)
-                    elif kind == ACQUIRE:
-                        self._serve_locked(src)
-                    elif kind in (END, LEAVE):
-                        ended.add(src)
-                        if kind == LEAVE:
-                            left.add(src)
-                    else:
-                        raise PeerError(f"rank 0: unexpected message kind {kind} from rank {src}")
-                self._done.set()
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            self.error = e
-            self._done.set()
-
-    def _serve_push(self, src: int) -> None:
-        buf = torch.empty(self.payload_numel, dtype=self.c.dtype)
-        self.ch.recv(buf, src)
-        self.ch.send(self.apply(buf, src), src)
+    # -- serving threads (one per remote rank)
+    def _handle(self, src: int, kind: int) -> None:
+        if kind == PUSH:
+            buf = torch.empty(self.payload_numel, dtype=self.c.dtype)
+            self.ch.recv(buf, src)
+            self.ch.send(self.apply(buf, src), src)
+        elif kind == ACQUIRE:
+            self._serve_locked(src)
+        else:
+            raise PeerError(f"rank 0: unexpected message kind {kind} from rank {src}")
 
     def _serve_locked(self, src: int) -> None:
         self.fair.acquire()
         try:
             self.ch.send(self.pull(src), src)
-            _, kind, _, _, _ = self.ch.recv_header(src)
+            kind = self.ch.recv_header(src)[0]
             if kind != PUSH:
                 raise PeerError(f"rank 0: rank {src} holds the centre lock but sent kind {kind}")
             buf = torch.empty(self.payload_numel, dtype=self.c.dtype)
@@ -264,7 +238,7 @@ class CentreAlgorithm(AsyncAlgorithm):
         self.tensors = exchanged_tensors(self.params, averager)
         self.numel = sum(t.numel() for t in self.tensors)
         self.dtype = self.tensors[0].dtype
-        self.channel = P2PChannel(self.timeout_s) if comm.world_size > 1 else None
+        self.channel = P2PChannel(centre_pairs(comm.world_size), self.timeout_s) if comm.world_size > 1 else None
         self.holder: Optional[CentreHolder] = None
         self.link: Optional[CentreLink] = None
 
