@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -46,6 +47,22 @@ class _Py4JRetryFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and "py4j" in record.pathname
                     and record.getMessage() == "Exception while sending command.")
+
+
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exit)): \S")
+
+
+def root_cause(e: BaseException) -> str:
+    """The line of ``e``'s message that says what went wrong: for an error raised in a Spark
+    Python worker (``PythonException``, ``Py4JJavaError``) the last ``SomeError: ...`` line of
+    the worker's traceback (for example ``OSError: [Errno 28] No space left on device: ...``),
+    else the first line of the message."""
+    lines = [x.strip() for x in str(e).strip().splitlines()]
+    if type(e).__name__ in ("PythonException", "Py4JJavaError") and len(lines) > 1:
+        for line in reversed(lines):
+            if _EXC_LINE.match(line) and not line.startswith(("org.apache", "java.", "py4j")):
+                return line
+    return (lines or [""])[0]
 
 
 def _fmt_default(v: Any) -> str:
@@ -105,7 +122,7 @@ def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
     except Exception as e:  # noqa: BLE001 - the one place that turns crashes into one line
         if os.environ.get("PIPELINE_DEBUG"):
             traceback.print_exc()
-        first = (str(e).strip().splitlines() or [""])[0][:500]
+        first = root_cause(e)[:500]
         print(f"error: {type(e).__name__}: {first} (set PIPELINE_DEBUG=1 for the traceback)",
               file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -246,7 +247,7 @@ def _umount(where: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path):
     mnt = tmp_path / "disk"
-    if not _mount_tmpfs(mnt, "128k"):
+    if not _mount_tmpfs(mnt, "96k"):
         pytest.skip("cannot mount a tmpfs here (not root or no CAP_SYS_ADMIN)")
     yield mnt
     _umount(mnt)
@@ -281,3 +282,19 @@ def test_an_output_directory_that_is_not_writable(tmp_path, shards, capsys):
         assert json.loads((out / "summary.json").read_text()) == {"previous": True}
     finally:
         _umount(mnt)
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_a_spark_stage_names_the_cause(spark, tmp_path, dataset, small_disk, capsys):
+    """The shard stage's Spark tasks write the parts: the error raised in the Python worker
+    reaches the user as its own one line, not as Spark's 'see the stack trace below'."""
+    out = small_disk / "shards"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}\n")
+    st = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 16 * 1024))  # 16 KiB left
+    rc, err = _cli("shard", ["--input", str(dataset), "--output", str(out), "--workers", "2"], capsys)
+    assert rc == 1 and len(err) == 1, err
+    assert "No space left on device" in err[0], err[0]
+    assert (out / "manifest.json").read_text() == "{}\n"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "shards"]
