@@ -45,7 +45,8 @@ FORMAT = 2
 META = "meta.json"
 _STEP_DIR = re.compile(r"step_(\d{8})")
 FINGERPRINT_FIELDS = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
-                      "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps")
+                      "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps",
+                      "loader")  # the loader mode can change the batch order
 
 
 class CorruptCheckpoint(Exception):

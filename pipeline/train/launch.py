@@ -47,6 +47,7 @@ from ..errors import BadInputError, ConfigError
 from ..outputs import atomic_output_dir, local_path, write_json
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
+from .plan import TrainingPlan
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def make_plan(cfg: TrainConfig) -> dict:
     num_classes = label_count([w.path for w in man.workers] + list(man.eval.values()))
     if features in ("hlf", "llf", "inclusive"):
         num_classes = max(num_classes, 3)
-    return {
+    return TrainingPlan(**{
         "workers": m, "features": features, "num_classes": num_classes,
         "shape": probe_shape(man.workers[0].path, features), "copies": man.copies,
         "steps_per_epoch": spe, "overlap_epochs": overlap_epochs, "total_steps": total,
@@ -115,7 +116,7 @@ def make_plan(cfg: TrainConfig) -> dict:
         "global_batch": global_batch, "n_train_samples": man.n_train_samples,
         "scaling": _find_scaling(cfg, man.source) if features != "image" else None,
         "eval": dict(man.eval), "manifest": man.path,
-    }
+    }).model_dump()
 
 
 def plan_train(cfg: TrainConfig) -> dict:
@@ -267,7 +268,7 @@ def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]
 
     from ..spark import get_spark
 
-    spark = spark or get_spark(cfg.spark)
+    spark = spark or get_spark(cfg.spark, min_task_slots=world)
     _check_slots(spark, world)
     return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
                              start_timeout=cfg.start_timeout, verbose=0)
@@ -292,7 +293,7 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from ..spark import get_spark
     from .schedules import worker_entry
 
-    spark = spark or get_spark(cfg.spark)
+    spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if not cfg.torch_local_mode:
         _check_slots(spark, world)
     conf = dict(spark.sparkContext.getConf().getAll())
@@ -362,4 +363,6 @@ def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Path, ck: Path, seco
         "final_digests": [r["final_digest"] for r in r0["ranks"]],
         "metrics": str(final / "metrics.jsonl"), "model_path": str(final / "model.pt"),
         "checkpoint": (str(r0["checkpoint"]) if r0.get("checkpoint") else None), "checkpoint_dir": str(ck),
+        # what some algorithms add: rounds of round-driven runs, <name>_test_accuracy of extra evaluations
+        **{k: v for k, v in r0.items() if k == "rounds" or k.endswith("_test_accuracy")},
     }
