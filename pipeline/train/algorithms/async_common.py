@@ -51,6 +51,22 @@ class AsyncParams(BaseModel):
     seed: Optional[int] = Field(None, description="seed of random peer choices (default: rank-derived)")
 
 
+ASYNC_ALGORITHMS = ("adpsgd", "eawild", "async_ps")
+ASYNC_LAUNCHERS = ("torch", "local")
+
+
+def check_launcher(name: str, params: dict, launcher: str) -> None:
+    """Refuse an asynchronous algorithm (also as SlowMo's base) under a launcher without
+    torch.distributed point to point, in one line naming the algorithm and the launchers."""
+    base = name
+    while base == "slowmo":
+        params = params or {}
+        base, params = params.get("base", "local_sgd"), params.get("base_params", {})
+    if base in ASYNC_ALGORITHMS and launcher not in ASYNC_LAUNCHERS:
+        raise ConfigError(f"invalid config value launcher={launcher!r} for algorithm {base!r}: the asynchronous "
+                          f"algorithms need torch.distributed point-to-point messages; use {TORCH_LAUNCHERS}")
+
+
 def require_torch_distributed(name: str, comm) -> None:
     """Refuse a communicator without torch.distributed point to point (Horovod) in ONE line."""
     if comm.world_size == 1:

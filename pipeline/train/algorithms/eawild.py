@@ -103,7 +103,6 @@ class CentreHolder:
             self._pulled[src] = self.version
             reply = self.c.clone()
         self.stats.add_staleness(stale)
-        self.stats.add_exchange()
         return reply
 
     # -- main thread of rank 0
@@ -162,6 +161,7 @@ class CentreLink:
 
     def push(self, payload: torch.Tensor) -> torch.Tensor:
         """Lock-free: apply ``payload`` at the holder, return the centre after it (the next pull)."""
+        self.stats.add_exchange()
         if self.holder is not None:
             return self.holder.apply(payload, self.rank)
         self.ch.send_header(0, PUSH, self.round)
@@ -170,6 +170,7 @@ class CentreLink:
 
     def locked_update(self, update: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Locked: c = pull under the holder's lock, payload = update(c), push, release; returns c after."""
+        self.stats.add_exchange()
         if self.holder is not None:
             self.holder.fair.acquire()
             try:
