@@ -53,8 +53,8 @@ with DAG(
         return "simulate" if params["simulate"] else "ingest_root"
 
     branch = choose_source()
-    simulate = job_task("simulate", {"output": P["simulated"]}, S, ingest=True)
-    ingest = job_task("ingest_root", {"input": INPUT, "tree": "Delphes", "output": P["events"]}, S, ingest=True,
+    simulate = job_task("simulate", {"output": P["simulated"]}, S, retries="ingest")
+    ingest = job_task("ingest_root", {"input": INPUT, "tree": "Delphes", "output": P["events"]}, S, retries="ingest",
                       trigger_rule="none_failed_min_one_success")
     features = job_task("features", {"input": P["events"], "output": P["features"]}, S)
     shard = job_task("shard", {"input": P["features"] + "/{{ 'hlf' if params.model == 'hlf' else 'llf' }}",
@@ -63,7 +63,8 @@ with DAG(
                                "scheme": "{{ params.scheme }}"}, S)
     train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
                                "model": "{{ params.model }}",
-                               "workers": "{{ params.workers }}", "algorithm.name": "{{ params.algorithm }}"}, S)
+                               "workers": "{{ params.workers }}", "algorithm.name": "{{ params.algorithm }}",
+                               "resume": "auto"}, S, retries="train")  # a retry continues from the run's checkpoints
     report = job_task("report", {"runs": [P["train"]], "output": P["report"] + "/learning_curves.png"}, S)
     branch >> [simulate, ingest]
     simulate >> ingest >> features >> shard >> train >> report

@@ -40,12 +40,13 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     ingest = job_task("ingest_images", {"source": "{{ params.source }}", "output": P["dataset"]}, S,
-                      ingest=True)
+                      retries="ingest")
     shard = job_task("shard", {"input": P["dataset"], "output": P["shards"],
                                "workers": "{{ params.workers }}",
                                "scheme": "{{ params.scheme }}"}, S)
     train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
                                "workers": "{{ params.workers }}", "model": "{{ params.model }}",
-                               "algorithm.name": "{{ params.algorithm }}"}, S)
+                               "algorithm.name": "{{ params.algorithm }}",
+                               "resume": "auto"}, S, retries="train")  # a retry continues from the run's checkpoints
     report = job_task("report", {"runs": [P["train"]], "output": P["report"] + "/learning_curves.png"}, S)
     ingest >> shard >> train >> report
