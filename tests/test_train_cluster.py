@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.train.comm.ports import free_port
+
 pytest_plugins = ["train_fixtures"]
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ def standalone(tmp_path):
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
                SPARK_LOG_DIR=str(tmp_path / "logs"), SPARK_WORKER_DIR=str(tmp_path / "work"))
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
     procs = []
     logs = []
@@ -48,7 +43,7 @@ def standalone(tmp_path):
                "--webui-port", str(ui)], "master")
         for i in range(2):
             start(["org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "2g",
-                   "--webui-port", str(_free_port()), "--work-dir", str(tmp_path / f"work{i}"), url], f"worker{i}")
+                   "--webui-port", str(free_port()), "--work-dir", str(tmp_path / f"work{i}"), url], f"worker{i}")
         deadline = time.time() + 180
         alive = 0
         while time.time() < deadline:
