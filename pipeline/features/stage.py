@@ -85,7 +85,7 @@ class FeaturesConfig(StageConfig):
                           "default: the files of samples")
     samples: list[SampleSpec] = Field(..., min_length=1, description="label of each file: the first sample "
                                       "with a matching path/glob (QCD=0, ttbar=1, W+jets=2)")
-    tree: str = Field("Delphes", description="TTree name when reading ROOT files")
+    tree: str = Field("Delphes", description="TTree or RNTuple name when reading ROOT files")
     output: str = Field("runs/hep/features", description="output dir: hlf/, llf/, scaling.json, report.json")
     step_size: Union[int, str] = Field("50 MB", description="ROOT chunk size (entries or '50 MB'); one task each")
     test_fraction: float = Field(0.2, ge=0, lt=1, description="fraction of each class in the test split")

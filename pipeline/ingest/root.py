@@ -1,19 +1,25 @@
-"""Any TTree -> Parquet on Spark (``jobs/ingest_root.py``).
+"""Any TTree or RNTuple -> Parquet on Spark (``jobs/ingest_root.py``).
 
 Design
 ------
 1. **Plan.** ``resolve_files`` expands the inputs (paths, globs, ``samples:NAME`` for the cached
    coffea sample files, ``root://`` URLs when fsspec-xrootd is installed). The driver opens the
-   first good file's tree metadata with uproot, resolves the branch selection (uproot
-   ``filter_name`` semantics: exact names, globs, ``/regex/``) and derives the Arrow schema from a
-   zero-entry read: jagged branches are ``list<T>``, fixed-size arrays (``float[5]``)
-   ``fixed_size_list``, unsigned types stay unsigned. Branches matched by a pattern whose type has
-   no Parquet form here (ROOT objects such as ``TRef``/``TLorentzVector``) are skipped with one
-   log line; asking for such a branch by its exact name is an error.
+   first good file's tree (``tree`` names a TTree or an RNTuple: uproot reads both with the same
+   ``arrays`` call) and resolves the branch selection (uproot ``filter_name`` semantics: exact
+   names, globs, ``/regex/``; an RNTuple's top-level fields are its branches). The Arrow schema
+   comes from a REAL read of the first entry (a zero-entry read gives other types for arrays of
+   ROOT objects such as ``TLorentzVector[5]``): jagged branches are ``list<T>``, fixed-size arrays
+   (``float[5]``) ``fixed_size_list``, unsigned types stay unsigned, ROOT objects become structs.
+   Every branch uproot reads and Parquet stores is converted; one that fails is skipped with one
+   log line naming it and its ROOT type (asking for it by its exact name is an error). Container
+   branches (whose members are branches) and an RNTuple's ``_collectionN`` storage fields (whose
+   members are projected as top-level fields) are skipped unless named exactly. An RNTuple's
+   cardinality fields (``nMuon``: ``RNTupleCardinality<std::uint32_t>``) get their declared
+   integer type, as the TTree's counter branch has, so both kinds give the same Parquet.
 2. **Phase 1, one Spark task per file** (:func:`_scan_partition`): open the file's tree metadata
    (:func:`plan_file`), check the tree and the branches, and cut the entries into ranges of about
    ``step_size`` (``"100 MB"`` of uncompressed branch data, or a number of entries), snapped to the
-   basket clusters shared by the selected branches. A file that is one chunk is converted in the
+   basket clusters shared by the selected branches (an RNTuple: to its clusters). A file that is one chunk is converted in the
    same task (no second open); a larger file returns its ranges to the driver. Opening a Delphes
    file's metadata costs several times more than reading its physics branches, so it is done
    once per file, in parallel, rather than serially on the driver (see ``bench/ingest.py``).
@@ -33,7 +39,8 @@ Design
    being read is reported (file, reason) in ``_report.json`` and one log line, and its parts are
    removed; an empty tree gives no rows and no error. The output directory (``atomic_output_dir``)
    gets ``_report.json`` (per file: entries, rows, parts with their entry ranges, or the reason it
-   failed) and ``_schema.json``; the schema is registered as ``schemas/root/<tree>/vN.json``. If
+   failed) and ``_schema.json`` (a reviewed version from ``schemas/root/<tree>`` when its columns
+   match; a new version is written only to ``schema_dir``, never to ``schemas/``). If
    any file failed the function raises :class:`BadInputError` after committing the good files,
    unless ``allow_bad_files`` is set.
 
@@ -70,7 +77,7 @@ class IngestRootConfig(StageConfig):
 
     input: Union[str, list[str]] = Field(..., description="ROOT files: paths, globs, root:// URLs or "
                                          "samples:NAME (coffea sample files); a list or one string")
-    tree: str = Field("Events", description="TTree name (path inside the file, e.g. 'Delphes')")
+    tree: str = Field("Events", description="TTree or RNTuple name (path inside the file, e.g. 'Delphes')")
     filter_name: list[str] = Field(default_factory=lambda: ["*"],
                                    description="branches: exact names, globs or /regex/ (uproot filter_name)")
     output: str = Field("runs/root/events", description="output Parquet directory (replaced atomically)")
@@ -226,7 +233,7 @@ def _is_exact(patterns: list[str], name: str) -> bool:
 
 
 def open_tree(path: str, tree: str):
-    """Open ``path`` and return the TTree, or raise BadInputError(reason)."""
+    """Open ``path`` and return its TTree or RNTuple ``tree``, or raise BadInputError(reason)."""
     import uproot
 
     try:
@@ -240,8 +247,14 @@ def open_tree(path: str, tree: str):
     except Exception as e:
         raise BadInputError(f"no tree {tree!r} in the file ({_first_line(e)})") from None
     if not hasattr(t, "num_entries") or not hasattr(t, "arrays"):
-        raise BadInputError(f"{tree!r} is a {type(t).__name__}, not a TTree")
+        raise BadInputError(f"{tree!r} is a {type(t).__name__}, not a TTree or an RNTuple")
     return t
+
+
+def is_rntuple(t) -> bool:
+    from uproot.behaviors.RNTuple import RNTuple
+
+    return isinstance(t, RNTuple)
 
 
 def _first_line(e: BaseException) -> str:
@@ -251,35 +264,50 @@ def _first_line(e: BaseException) -> str:
 def _branches_by_name(t) -> dict:
     """Every branch by its name without the parent's path (``Electron.PT``, not
     ``Electron/Electron.PT``), from one walk of the branch tree (``t[name]`` searches the tree
-    recursively for every name)."""
+    recursively for every name). For an RNTuple: its top-level fields."""
+    if is_rntuple(t):
+        return {name: t[name] for name in t.keys(recursive=False)}
     return dict(t.iteritems(recursive=True, full_paths=False))
 
 
-def _branch_bytes_per_entry(by_name: dict, branches: list[str], entries: int) -> float:
+def _bytes_per_entry(t, by_name: dict, branches: list[str]) -> float:
+    """Uncompressed bytes per entry of ``branches`` (TTree); an RNTuple's stored bytes per entry."""
+    if is_rntuple(t):
+        try:
+            return t.file.source.num_bytes / max(t.num_entries, 1)
+        except Exception:  # noqa: BLE001 - an estimate only
+            return 1.0
     total = 0
     for name in branches:
         try:
             total += by_name[name].uncompressed_bytes
         except Exception:  # noqa: BLE001 - an estimate only
             pass
-    return total / max(entries, 1)
+    return total / max(t.num_entries, 1)
+
+
+def _cluster_starts(t, branches: list[str]) -> list[int]:
+    """Entry numbers where the basket clusters (TTree) or the clusters (RNTuple) start."""
+    try:
+        if is_rntuple(t):
+            return [int(c.num_first_entry) for c in t.cluster_summaries]
+        return [int(x) for x in t.common_entry_offsets(filter_name=branches)]
+    except Exception:  # noqa: BLE001 - fall back to plain ranges
+        return []
 
 
 def _ranges(t, by_name: dict, branches: list[str], mode: str, size: int, start: int,
             stop: int) -> list[tuple[int, int]]:
-    """Entry ranges of about ``size`` (entries or bytes), snapped to shared basket boundaries."""
+    """Entry ranges of about ``size`` (entries or bytes), snapped to the cluster boundaries."""
     if stop <= start:
         return []
     if mode == "entries":
         target = size
     else:
-        target = max(1, int(size // max(_branch_bytes_per_entry(by_name, branches, t.num_entries), 1.0)))
+        target = max(1, int(size // max(_bytes_per_entry(t, by_name, branches), 1.0)))
     if stop - start <= target:
-        return [(start, stop)]                     # one chunk: no need for the basket boundaries
-    try:
-        bounds = [int(x) for x in t.common_entry_offsets(filter_name=branches) if start < x < stop]
-    except Exception:  # noqa: BLE001 - fall back to plain ranges
-        bounds = []
+        return [(start, stop)]                     # one chunk: no need for the cluster boundaries
+    bounds = [x for x in _cluster_starts(t, branches) if start < x < stop]
     cuts = [start]
     for b in bounds:
         if b - cuts[-1] >= target:
@@ -296,9 +324,9 @@ def _ranges(t, by_name: dict, branches: list[str], mode: str, size: int, start: 
 
 def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[list[str]], mode: str, size: int,
               entry_start: Optional[int] = None, entry_stop: Optional[int] = None):
-    """Open one file's tree metadata: (tree, branches, entries, entry ranges). BadInputError if unusable.
-
-    ``resolved`` is the branch list fixed by the first good file (None: resolve it here).
+    """Open one file's tree metadata: (tree, branches, entries, entry ranges, schema). BadInputError
+    if unusable. ``resolved`` is the branch list fixed by the first good file (None: resolve it
+    here, with its Arrow schema; otherwise the schema is None).
     """
     t = open_tree(path, tree)
     by_name = _branches_by_name(t)
@@ -307,8 +335,9 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
         raise BadInputError(f"missing branch {missing[0]!r} in tree {tree!r}")
     if not matched:
         raise BadInputError(f"no branch of tree {tree!r} matches {filter_name}")
+    schema = None
     if resolved is None:
-        resolved = _supported(t, matched, filter_name)
+        resolved, schema = _supported(t, matched, filter_name)
     else:
         have = set(matched)
         absent = [b for b in resolved if b not in have]
@@ -317,7 +346,7 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
     n = int(t.num_entries)
     a = min(entry_start or 0, n)
     b = n if entry_stop is None else min(entry_stop, n)
-    return t, resolved, max(0, b - a), _ranges(t, by_name, resolved, mode, size, a, b)
+    return t, resolved, max(0, b - a), _ranges(t, by_name, resolved, mode, size, a, b), schema
 
 
 def _error_text(e: BaseException) -> str:
@@ -342,10 +371,10 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
         info = FileInfo(i, path)
         infos.append(info)
         try:
-            t, branches, info.entries, ranges = plan_file(path, tree, filter_name, resolved, mode, size,
-                                                          entry_start, entry_stop)
+            t, branches, info.entries, ranges, found = plan_file(path, tree, filter_name, resolved, mode, size,
+                                                                 entry_start, entry_stop)
             if resolved is None:
-                resolved, schema = branches, arrow_schema(t, branches)
+                resolved, schema = branches, found
             for x, y in ranges:
                 chunks.append(Chunk(len(chunks), i, path, tree, x, y))
                 info.chunks += 1
@@ -358,35 +387,92 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
     return Plan(infos, chunks, resolved or [], schema)
 
 
-def _supported(t, matched: list[str], patterns: list[str]) -> list[str]:
-    """Drop branches that are containers (have sub-branches) or ROOT objects with no Parquet form."""
-    from uproot.interpretation.jagged import AsJagged
-    from uproot.interpretation.numerical import AsDtype
-    from uproot.interpretation.strings import AsStrings
+#: an RNTuple's storage field of a collection whose members are also top-level (projected) fields
+_INTERNAL_FIELD = re.compile(r"_collection\d+$")
 
+
+def _candidates(t, matched: list[str], patterns: list[str]) -> tuple[list[str], list[str]]:
+    """(branches to try, skipped names): a TTree branch with sub-branches is a container and an
+    RNTuple's ``_collectionN`` duplicates its projected fields; both are skipped unless named exactly."""
+    rntuple = is_rntuple(t)
     keep, skipped = [], []
     for name in matched:
-        br = t[name]
-        interp = br.interpretation
-        inner = interp.content if isinstance(interp, AsJagged) else interp
-        ok = (isinstance(inner, AsDtype) and inner.from_dtype.names is None) or isinstance(inner, AsStrings)
-        if ok and not (len(br.branches) and not _is_exact(patterns, name)):
+        if _is_exact(patterns, name):
             keep.append(name)
-        elif _is_exact(patterns, name):
-            raise BadInputError(f"branch {name!r} has type {br.typename}, which has no Parquet column form here")
-        else:
+        elif (rntuple and _INTERNAL_FIELD.match(name)) or (not rntuple and len(t[name].branches)):
             skipped.append(name)
+        else:
+            keep.append(name)
+    return keep, skipped
+
+
+def _root_type(t, name: str) -> str:
+    try:
+        return str(t[name].typename)
+    except Exception:  # noqa: BLE001 - only for the message
+        return "?"
+
+
+def _probe(t, names: list[str]):
+    """The Arrow table of a real read of the first entry (none for an empty tree), written to an
+    in-memory Parquet file: what a task will produce, or the exception that stops it."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = to_arrow(read_arrays(t, names, 0, min(1, int(t.num_entries))))
+    pq.write_table(table, io.BytesIO())
+    return table
+
+
+def _supported(t, matched: list[str], patterns: list[str]):
+    """(branches, Arrow schema): the matched branches (fields) that uproot reads and Parquet stores,
+    with the types of a REAL read (a zero-entry read gives other types for arrays of ROOT
+    objects). A branch that fails is skipped with one log line naming it and its ROOT type, or is
+    an error when it was asked for by its exact name."""
+    names, skipped = _candidates(t, matched, patterns)
     if skipped:
-        log.info("skipping %d branch(es) with ROOT object types (e.g. %s)", len(skipped), ", ".join(skipped[:3]))
-    if not keep:
-        raise BadInputError(f"no branch of a supported type matches {patterns}")
-    return keep
+        log.info("skipping %d container/collection branch(es) whose members are branches (e.g. %s)",
+                 len(skipped), ", ".join(skipped[:3]))
+    try:
+        table = _probe(t, names)
+    except Exception:  # noqa: BLE001 - find the branches that fail, one by one
+        good = []
+        for name in names:
+            try:
+                _probe(t, [name])
+                good.append(name)
+            except Exception as e:  # noqa: BLE001
+                why = f"branch {name!r} ({_root_type(t, name)}) cannot be converted: {type(e).__name__}: {_first_line(e)}"
+                if _is_exact(patterns, name):
+                    raise BadInputError(why) from None
+                log.warning("skipping %s", why)
+        names = good
+        if not names:
+            raise BadInputError(f"no branch of a supported type matches {patterns}") from None
+        table = _probe(t, names)
+    return names, _declared_types(t, table.schema)
+
+
+def _declared_types(t, schema):
+    """An RNTuple's cardinality fields (``RNTupleCardinality<std::uint32_t>``: uproot reads int64)
+    get the declared integer type, as the equivalent TTree counter branch has."""
+    import pyarrow as pa
+
+    if not is_rntuple(t):
+        return schema
+    ints = {"std::uint32_t": pa.uint32(), "std::uint64_t": pa.uint64(), "std::int32_t": pa.int32(),
+            "std::int64_t": pa.int64()}
+    for i, f in enumerate(schema):
+        m = re.fullmatch(r"ROOT::RNTupleCardinality<(.+)>", _root_type(t, f.name))
+        if m and m.group(1) in ints:
+            schema = schema.set(i, f.with_type(ints[m.group(1)]))
+    return schema
 
 
 def arrow_schema(t, branches: list[str]):
-    """The Arrow schema of ``branches`` as the tasks write them (a zero-entry read)."""
-    arr = t.arrays(branches, entry_start=0, entry_stop=0, library="ak")
-    return to_arrow(arr).schema
+    """The Arrow schema of ``branches`` as the tasks write them (a real read of the first entry)."""
+    return _declared_types(t, _probe(t, branches).schema)
 
 
 def to_arrow(arr):
@@ -421,8 +507,14 @@ def cached_tree(path: str, tree: str):
 
 def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entry_stop: int):
     """uproot -> awkward record array of one entry range."""
-    t = cached_tree(path, tree)
-    return t.arrays(branches, entry_start=entry_start, entry_stop=entry_stop, library="ak")
+    return read_arrays(cached_tree(path, tree), branches, entry_start, entry_stop)
+
+
+def read_arrays(t, branches: list[str], entry_start: int, entry_stop: int):
+    """The ``branches`` of entries [entry_start, entry_stop) of a TTree or RNTuple, in that order
+    (an RNTuple read of a cardinality field also returns its ``_collectionN``: dropped)."""
+    arr = t.arrays(branches, entry_start=entry_start, entry_stop=entry_stop, library="ak")
+    return arr if arr.fields == branches else arr[branches]
 
 
 STATUS_FIELDS = [("chunk_id", "int32"), ("file_index", "int32"), ("rows", "int64"), ("bytes", "int64"),
@@ -454,7 +546,7 @@ def _convert(t, branches: list[str], schema, a: int, b: int, out_dir: str, part:
     """Read entries [a, b) of tree ``t``, write ``out_dir/part``; (rows, bytes). No file for 0 rows."""
     import pyarrow.parquet as pq
 
-    table = to_arrow(t.arrays(branches, entry_start=a, entry_stop=b, library="ak"))
+    table = to_arrow(read_arrays(t, branches, a, b))
     if table.schema != schema:
         table = _conform(table, schema)
     if table.num_rows == 0:
@@ -477,8 +569,8 @@ def _scan_partition(batches: Iterator, *, tree: str, filter_name: list[str], bra
             r = {"file_index": fi, "entries": 0, "starts": [], "stops": [], "rows": [], "parts": [],
                  "done": False, "error": None}
             try:
-                t, _, r["entries"], ranges = plan_file(path, tree, filter_name, branches, mode, size,
-                                                       entry_start, entry_stop)
+                t, _, r["entries"], ranges, _ = plan_file(path, tree, filter_name, branches, mode, size,
+                                                          entry_start, entry_stop)
                 r["starts"], r["stops"] = [x for x, _ in ranges], [y for _, y in ranges]
                 if len(ranges) <= 1:
                     r["done"] = True
