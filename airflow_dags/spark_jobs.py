@@ -82,11 +82,7 @@ class DagSettings:
         self.start_date = model.start_date
         self.conn_id = os.environ.get("PIPELINE_SPARK_CONN_ID") or model.conn_id
         self.python = model.python or sys.executable
-        retry = model.ingest_retries
-        self.retries = retry.retries
-        self.retry_delay = timedelta(seconds=retry.delay_s)
-        self.retry_backoff = retry.backoff
-        self.max_retry_delay = timedelta(seconds=retry.max_delay_s)
+        self.retries = {"ingest": model.ingest_retries, "train": model.train_retries}
         self.spark_conf: dict[str, dict[str, str]] = {
             k: {a: str(b).lower() if isinstance(b, bool) else str(b) for a, b in v.items()}
             for k, v in model.spark_conf.items()}
@@ -101,10 +97,11 @@ class DagSettings:
         return {"schedule": self.schedule, "start_date": pendulum.parse(self.start_date, tz="UTC"),
                 "catchup": False, "max_active_runs": 1}
 
-    def retry_kwargs(self) -> dict:
-        """Retries with exponential back-off (for the ingestion tasks)."""
-        return {"retries": self.retries, "retry_delay": self.retry_delay,
-                "retry_exponential_backoff": self.retry_backoff, "max_retry_delay": self.max_retry_delay}
+    def retry_kwargs(self, kind: str) -> dict:
+        """Retries with exponential back-off of the ``ingest`` or ``train`` tasks."""
+        r = self.retries[kind]
+        return {"retries": r.retries, "retry_delay": timedelta(seconds=r.delay_s),
+                "retry_exponential_backoff": r.backoff, "max_retry_delay": timedelta(seconds=r.max_delay_s)}
 
 
 def job_args(job: str, sets: Mapping[str, Any], cfg_dir: Optional[Path] = None) -> list[str]:
@@ -159,11 +156,12 @@ class PipelineJobOperator(SparkSubmitOperator):
         return super().execute(context)
 
 
-def job_task(job: str, sets: Mapping[str, Any], settings: DagSettings, *, ingest: bool = False,
+def job_task(job: str, sets: Mapping[str, Any], settings: DagSettings, *, retries: Optional[str] = None,
              task_id: Optional[str] = None, **kwargs: Any) -> PipelineJobOperator:
-    """One stage as a task; ``ingest=True`` adds the retries with exponential back-off."""
-    if ingest:
-        for k, v in settings.retry_kwargs().items():
+    """One stage as a task; ``retries="ingest"`` / ``"train"`` adds that group's retries with
+    exponential back-off (the other tasks fail at once)."""
+    if retries:
+        for k, v in settings.retry_kwargs(retries).items():
             kwargs.setdefault(k, v)
     return PipelineJobOperator(job=job, sets=sets, settings=settings, task_id=task_id or job, **kwargs)
 

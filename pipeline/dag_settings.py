@@ -20,8 +20,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class IngestRetries(_Strict):
-    """Retries with exponential back-off of the ingestion tasks."""
+class Retries(_Strict):
+    """Retries with exponential back-off of a group of tasks."""
 
     retries: int = Field(3, ge=0, description="retries after the first attempt")
     delay_s: float = Field(60.0, gt=0, description="delay before the first retry, seconds")
@@ -60,7 +60,9 @@ class DagSettingsBase(_Strict):
     conn_id: str = Field("spark_default", description="Airflow connection of the Spark master "
                                                       "(env PIPELINE_SPARK_CONN_ID wins)")
     python: Optional[str] = Field(None, description="PYSPARK_PYTHON of the jobs; null: Airflow's interpreter")
-    ingest_retries: IngestRetries = Field(default_factory=IngestRetries)
+    ingest_retries: Retries = Field(default_factory=Retries, description="the ingestion tasks' retries")
+    train_retries: Retries = Field(default_factory=lambda: Retries(retries=1),
+                                   description="the train task's retries (a retry resumes from the run's checkpoints)")
     spark_conf: dict[str, dict[str, Scalar]] = Field(default_factory=dict,
                                                      description="extra spark-submit --conf per task id ('all': every task)")
 

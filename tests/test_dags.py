@@ -104,12 +104,16 @@ def test_tasks_are_spark_submits_of_the_jobs_with_run_scoped_outputs(rendered):
     assert "epochs=1" not in res["rendered"]["images_pipeline"]["tasks"]["shard"]["args"]
 
 
-def test_ingestion_tasks_retry_with_exponential_backoff_and_others_do_not(rendered):
+def test_ingestion_and_train_tasks_retry_with_exponential_backoff_and_others_do_not(rendered):
     res, _, _ = rendered
     for dag_id, ingest in INGEST_TASKS.items():
-        for task_id, t in res["rendered"][dag_id]["tasks"].items():
+        tasks = res["rendered"][dag_id]["tasks"]
+        for task_id, t in tasks.items():
             if task_id in ingest:
-                assert t["retries"] >= 1 and t["backoff"] > 1 and t["retry_delay_s"] > 0, (task_id, t)
+                assert t["retries"] == 3 and t["backoff"] > 1 and t["retry_delay_s"] > 0, (task_id, t)
+            elif task_id == "train":
+                assert t["retries"] == 1 and t["retry_delay_s"] > 0, t
+                assert "resume=auto" in t["args"], t["args"]       # the retry continues from the checkpoints
             elif "application" in t:
                 assert t["retries"] == 0, task_id
 
