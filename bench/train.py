@@ -43,6 +43,37 @@ def algorithms(steps: int) -> list[tuple[str, dict, float]]:
     ]
 
 
+def async_traffic(manifest: str, root: Path, common: dict, launcher: str, spark) -> None:
+    """Asynchronous algorithms (docs/async.md): p2p bytes per worker per second, measured vs theory.
+
+    Theory per exchange, P = MODEL_PARAMS float32: AD-PSGD both sides send 4P (+ a 32-byte header
+    from the active); EA-wild / async PS the client sends 4(P+1) + 32 per push and rank 0 replies
+    4P (rank 0's own pushes stay in memory). Exchange counts: the records' averaging_rate x steps.
+    """
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+    from pipeline.train.metrics import read_metrics
+
+    p4, rows = MODEL_PARAMS * 4, []
+    for name in ("adpsgd", "eawild", "async_ps"):
+        out = root / f"run_{name}"
+        s = train(TrainConfig(manifest=manifest, output=str(out), launcher=launcher,
+                              algorithm={"name": name, "params": {"round_steps": 8}}, **common), spark)
+        rec = [r for r in read_metrics(str(out / "metrics.jsonl")) if r["split"] == "val"][-1]
+        ex = [rate * r["steps"] for rate, r in zip(rec["averaging_rate"], s["ranks"])]
+        if name == "adpsgd":
+            theory = [e * (p4 + (32 if i % 2 == 0 else 0)) for i, e in enumerate(ex)]
+        else:
+            theory = [sum(ex[1:]) * p4] + [e * (p4 + 36) for e in ex[1:]]
+        for i, r in enumerate(s["ranks"]):
+            sec = max(r["train_seconds"], 1e-9)
+            rows.append((f"{name} rank {i}", r.get("p2p_bytes_sent", 0) / sec, theory[i] / sec))
+    print(f"\nasynchronous algorithms ({launcher}): p2p bytes per worker per second")
+    print(f"{'algorithm':34s} {'measured B/s':>14s} {'theory B/s':>14s} {'meas/theory':>11s}")
+    for label, meas, theo in rows:
+        print(f"{label:34s} {meas:14,.0f} {theo:14,.0f} {meas / theo if theo else float('nan'):11.3f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--launcher", choices=["horovod", "torch", "local"], default="horovod")
@@ -104,6 +135,8 @@ def main(argv=None) -> int:
     for label, meas, pay, theo, sps, ratio, cf, acc in rows:
         print(f"{label:34s} {meas:16,.0f} {pay:15,.0f} {theo:14,.0f} {meas / theo:11.2f} {sps:10.0f} {ratio:9.2f} "
               f"{cf:9.2f} {acc:8.3f}")
+    if a.launcher != "horovod" and (not a.only or set(a.only.split(",")) & {"adpsgd", "eawild", "async_ps"}):
+        async_traffic(str(root / "shards2" / "manifest.json"), root, common, a.launcher, spark)
     spark.stop()
     return 0
 

@@ -46,11 +46,11 @@ CASES = {
     "eawild": {"name": "eawild", "params": ROUND},
     "easgd_locked": {"name": "eawild", "params": {**ROUND, "lock": True}},
     "async_ps": {"name": "async_ps", "params": ROUND},
-    "slowmo_adpsgd": {"name": "slowmo", "params": {"base": "adpsgd", "base_params": ROUND, "tau": 2, "beta": 0.5}},
+    "slowmo_adpsgd": {"name": "slowmo", "params": {"base": "adpsgd", "base_params": ROUND, "tau": 2, "beta": 0.2}},
     "slowmo_eawild_noavg": {"name": "slowmo", "params": {"base": "eawild", "base_params": ROUND, "tau": 2,
-                                                         "beta": 0.5, "average": False}},
+                                                         "beta": 0.2, "average": False}},
     "slowmo_async_ps": {"name": "slowmo", "params": {"base": "async_ps", "base_params": ROUND, "tau": 2,
-                                                     "beta": 0.5}},
+                                                     "beta": 0.2}},
 }
 
 
@@ -67,8 +67,8 @@ def test_async_algorithm_reaches_arsgd_accuracy_after_the_same_samples(case, dig
     val = [r for r in recs if r["split"] == "val"]
     assert val and all(len(r["idle_fraction"]) == 4 for r in val)
     assert all(r["exchanges_per_s"] > 0 and sum(r["staleness_hist"]) > 0 for r in val)
-    if CASES[case]["name"] != "slowmo" or "eawild" not in case:
-        assert any(r["consensus_distance"] > 0 for r in val) or case.endswith("async_ps")
+    if CASES[case]["name"] in ("adpsgd", "eawild"):  # workers apart between averagings (PS: synced each round)
+        assert any(r["consensus_distance"] > 0 for r in val)
     if "eawild" in case or case == "easgd_locked":
         assert s.get("centre_test_accuracy", 0) > 0.8, s.get("centre_test_accuracy")
 

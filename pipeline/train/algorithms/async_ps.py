@@ -2,7 +2,9 @@
 
 The model lives on the holder, rank 0 (:class:`.eawild.CentreHolder`). Every local step,
 worker j pushes its gradient ``g_j`` (computed on the model it pulled last) with its current
-learning rate; the holder applies it at once with its own instance of the base optimizer
+learning rate divided by M (M pushes of one local batch each make one global step of the
+synchronous algorithms, whose learning rate is scaled for the global batch); the holder applies
+it at once with its own instance of the base optimizer
 (same kind and hyper-parameters: Adam or SGD with momentum), one push after the other, and
 replies with the updated model, which the worker copies into its parameters: that is its
 next pull. No worker waits for another, only for the holder's reply. **Staleness** = the
@@ -69,7 +71,7 @@ class AsyncPS(CentreAlgorithm):
             return
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to("cpu")
                        for p in self.grad_params])
-        lr = float(self.optimizer.param_groups[0]["lr"])
+        lr = float(self.optimizer.param_groups[0]["lr"]) / self.comm.world_size  # one M-th of a global step
         payload = torch.cat([g.to(self.dtype), torch.tensor([lr], dtype=self.dtype)])
         t0 = time.perf_counter()
         c = self.link.push(payload)
