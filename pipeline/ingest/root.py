@@ -437,19 +437,21 @@ def _supported(t, matched: list[str], patterns: list[str]):
     try:
         table = _probe(t, names)
     except Exception:  # noqa: BLE001 - find the branches that fail, one by one
-        good = []
+        good, failed = [], []
         for name in names:
             try:
                 _probe(t, [name])
                 good.append(name)
             except Exception as e:  # noqa: BLE001
-                why = f"branch {name!r} ({_root_type(t, name)}) cannot be converted: {type(e).__name__}: {_first_line(e)}"
+                failed.append(f"branch {name!r} ({_root_type(t, name)}) cannot be converted: "
+                              f"{type(e).__name__}: {_first_line(e)}")
                 if _is_exact(patterns, name):
-                    raise BadInputError(why) from None
-                log.warning("skipping %s", why)
+                    raise BadInputError(failed[-1]) from None
+        if not good:                               # nothing readable: the file, not a branch, is broken
+            raise BadInputError(failed[0] if failed else f"no branch matches {patterns}") from None
+        for why in failed:
+            log.warning("skipping %s", why)
         names = good
-        if not names:
-            raise BadInputError(f"no branch of a supported type matches {patterns}") from None
         table = _probe(t, names)
     return names, _declared_types(t, table.schema)
 
