@@ -52,7 +52,7 @@ def nano(samples_dir) -> None:
     """The real NanoAOD sample and its entry count, kept out of hypothesis' example reprs."""
     src = samples_dir / NANO
     mode, size = R.parse_step_size("100 MB")
-    _, _, n, _ = R.plan_file(str(src), NANO_TREE, NANO_BRANCHES, None, mode, size)
+    _, _, n, _, _ = R.plan_file(str(src), NANO_TREE, NANO_BRANCHES, None, mode, size)
     _NANO.update(data=src.read_bytes(), entries=n)
 
 
@@ -66,8 +66,7 @@ def _ingest_one(data: bytes, entries: int) -> str:
         R._OPEN.clear()
         try:
             with _no_hang(HANG_S):
-                t, branches, n, ranges = R.plan_file(str(path), NANO_TREE, NANO_BRANCHES, None, mode, size)
-                schema = R.arrow_schema(t, branches)
+                t, branches, n, ranges, schema = R.plan_file(str(path), NANO_TREE, NANO_BRANCHES, None, mode, size)
                 rows = sum(R._convert(t, branches, schema, a, b, str(out), R.part_name(0, i), None)[0]
                            for i, (a, b) in enumerate(ranges))
         except TimeoutError:
