@@ -114,6 +114,7 @@ class AsyncStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.total_steps = 0  # gradient steps of the whole run (not reset)
         self.reset()
 
     def reset(self) -> None:
@@ -140,7 +141,7 @@ class AsyncStats:
         with self._lock:
             wall = max(time.perf_counter() - self.t0, 1e-9)
             return {"staleness": dict(self.staleness), "exchanges": self.exchanges, "idle_s": self.idle_s,
-                    "grad_steps": self.grad_steps, "wall_s": wall}
+                    "grad_steps": self.grad_steps, "total_steps": self.total_steps, "wall_s": wall}
 
 
 def combine(parts: list[dict]) -> dict:
@@ -157,7 +158,8 @@ def combine(parts: list[dict]) -> dict:
             "exchanges_per_s": round(sum(p["exchanges"] for p in parts) / wall, 3),
             "averaging_rate": [round(p["exchanges"] / p["grad_steps"], 4) if p["grad_steps"] else None
                                for p in parts],
-            "worker_steps_per_s": [round(p["grad_steps"] / p["wall_s"], 3) for p in parts]}
+            "worker_steps_per_s": [round(p["grad_steps"] / p["wall_s"], 3) for p in parts],
+            "global_steps": sum(p.get("total_steps", 0) for p in parts)}
 
 
 class AsyncAlgorithm(RoundAlgorithm):
@@ -205,6 +207,7 @@ class AsyncAlgorithm(RoundAlgorithm):
         self.round_finished = False
         self.local_step()
         self.stats.grad_steps += 1
+        self.stats.total_steps += 1
         self.step_count += 1
         self.steps_in_round += 1
         if self._round_due():
