@@ -82,3 +82,6 @@ def test_async_algorithms_are_refused_under_horovod_in_one_line():
         check_launcher(name, params, "torch")
         check_launcher(name, params, "local")
     check_launcher("arsgd", {}, "horovod")  # synchronous algorithms are not affected
+    with pytest.raises(ConfigError, match="algorithm 'eawild'"):  # refused when the config is validated
+        TrainConfig(manifest="m.json", output="o", launcher="horovod", algorithm={"name": "eawild"})
+    assert TrainConfig(manifest="m.json", output="o", launcher="torch", algorithm={"name": "eawild"})

@@ -144,6 +144,9 @@ class TrainConfig(StageConfig):
     def _consistent(self):
         if self.optimizer == "adam" and self.nesterov:
             raise ConfigError("invalid config value nesterov=True: only with optimizer=sgd")
+        from .algorithms.async_common import check_launcher  # asynchronous algorithms need torch.distributed p2p
+
+        check_launcher(self.algorithm.name, self.algorithm.params, self.launcher)
         return self
 
 
