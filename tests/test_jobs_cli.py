@@ -149,12 +149,13 @@ def test_help_lists_every_option_with_its_default(job, capsys):
 @pytest.fixture(scope="module")
 def tiny_shards(spark, tmp_path_factory) -> Path:
     """Real upstream outputs for the dry runs that inspect their inputs (train checks the shards):
-    200 real digits ingested and sharded for 2 workers, in this process's Spark session."""
+    200 real digits (scikit-learn's, all ten classes) ingested and sharded for 2 workers, in this
+    process's Spark session."""
     from pipeline.ingest.images import ImagesIngestConfig, ingest_images
     from pipeline.shards.materialize import ShardConfig, shard
 
     root = tmp_path_factory.mktemp("cli_upstream")
-    ingest_images(ImagesIngestConfig(output=str(root / "dataset"), limit=200), spark=spark)
+    ingest_images(ImagesIngestConfig(source="sklearn_digits", output=str(root / "dataset"), limit=200), spark=spark)
     shard(ShardConfig(input=str(root / "dataset"), output=str(root / "shards"), workers=2,
                       row_group_rows=32), spark=spark)
     return root / "shards"
