@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -192,3 +193,53 @@ def test_every_branch_of_delphes_with_the_type_of_a_real_read(spark, delphes_roo
         # the same type (nested nullability flags aside) and the same values
         assert str(table.schema.field(name).type).replace(" not null", "") == str(real.type).replace(" not null", "")
         assert table.column(name).slice(10, 10).to_pylist() == real.to_pylist()
+
+
+@pytest.mark.parametrize("hang_first", [True, False], ids=["on-the-driver", "in-a-spark-task"])
+def test_a_file_that_never_answers_is_reported_after_file_timeout_s(spark, samples_dir, tmp_path, hang_first):
+    """A FIFO without a writer blocks its reader forever: the driver (the first file is planned
+    there) and a Spark task (the other files) give up after file_timeout_s and report it."""
+    hang = tmp_path / "hang.root"
+    os.mkfifo(hang)
+    good = str(samples_dir / "nano_dy.root")
+    out = tmp_path / "out"
+    files = [str(hang), good] if hang_first else [good, str(hang)]
+    t0 = time.monotonic()
+    with pytest.raises(BadInputError, match=f"1 of 2 input file.*{hang}: read timed out after 2 s"):
+        ingest_root(IngestRootConfig(input=files, tree="Events", filter_name=["nMuon", "Muon_pt"], output=str(out),
+                                     file_timeout_s=2, schema_dir=str(tmp_path / "s")), spark=spark)
+    assert time.monotonic() - t0 < 2 + 60
+    rep = json.loads((out / "_report.json").read_text())
+    assert rep["bad_files"] == [{"file": str(hang), "reason": "read timed out after 2 s"}]
+    import uproot
+    want = uproot.open(good)["Events"]["nMuon"].array(library="np")
+    assert np.array_equal(_read(out).column("nMuon").to_numpy(), want)
+    good_index = files.index(good)
+    assert sorted(p for p in os.listdir(out) if p.endswith(".parquet")) == [f"part-f{good_index:05d}-c00000.parquet"]
+
+
+def test_read_deadline_restores_an_outer_timer():
+    import signal
+
+    from pipeline.ingest.root import ReadTimeout, read_deadline
+
+    fired = []
+
+    def outer(*a):
+        fired.append(1)
+
+    old = signal.signal(signal.SIGALRM, outer)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        with read_deadline(5):
+            pass
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 25 < left <= 30 and signal.getsignal(signal.SIGALRM) is outer
+        with pytest.raises(ReadTimeout, match="read timed out after 0.2 s"):
+            with read_deadline(0.2):
+                time.sleep(5)
+        assert 20 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30 and signal.getsignal(signal.SIGALRM) is outer
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert fired == []

@@ -49,11 +49,14 @@ and :func:`chunks_dataframe` are reused by the Delphes feature stage.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import logging
 import os
 import re
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,6 +73,8 @@ log = logging.getLogger(__name__)
 #: Columns of the chunk-descriptor DataFrame handed to the Spark tasks.
 CHUNK_COLUMNS = ("chunk_id", "file_index", "path", "tree", "entry_start", "entry_stop")
 SAMPLES_PREFIX = "samples:"
+#: Default limit (seconds) for opening one file's metadata, and for reading one chunk.
+FILE_TIMEOUT_S = 600.0
 
 
 class IngestRootConfig(StageConfig):
@@ -89,6 +94,9 @@ class IngestRootConfig(StageConfig):
     schema_name: Optional[str] = Field(None, description="name under schemas/ (default root/<tree>)")
     schema_dir: Optional[str] = Field(None, description="registry folder for derived schema versions (default: none; the schema is stored next to the output as _schema.json; the repository's schemas/ is only read)")
     row_group_rows: Optional[int] = Field(None, gt=0, description="Parquet row group rows (default: one per chunk)")
+    file_timeout_s: float = Field(FILE_TIMEOUT_S, gt=0, description="seconds allowed to open one file (and "
+                                  "convert it when it is one chunk) and to read one chunk; a file that takes "
+                                  "longer is reported as a bad file ('read timed out after N s')")
 
     @field_validator("input")
     @classmethod
@@ -168,6 +176,36 @@ def parse_step_size(v: Union[int, str]) -> tuple[str, int]:
     return "bytes", n
 
 
+class ReadTimeout(TimeoutError):
+    """A file's open or a chunk's read took longer than ``file_timeout_s``."""
+
+
+@contextlib.contextmanager
+def read_deadline(seconds: Optional[float]):
+    """Raise :class:`ReadTimeout` in the block once ``seconds`` have passed (SIGALRM timer).
+
+    Spark's Python workers run the task function in their main thread, as the driver does; in
+    another thread (where signals cannot be delivered) the block runs without a limit. A timer
+    already running (an enclosing deadline) is restored afterwards with its remaining time."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _fire(signum, frame):
+        raise ReadTimeout(f"read timed out after {seconds:g} s")
+
+    t0 = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, _fire)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - t0), 1e-3))
+
+
 def _as_list(v: Union[str, Iterable[str]]) -> list[str]:
     if isinstance(v, str):
         return [s.strip() for s in v.split(",")] if "," in v and "://" not in v else [v]
@@ -178,9 +216,12 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
     """Expand paths/globs (sorted, de-duplicated, order of the patterns kept).
 
     ``samples:NAME`` is a file of the cached coffea samples (:func:`pipeline.samples.coffea_samples`);
-    URLs (``root://...``) are passed through. A plain path that does not exist is kept (it is
-    reported as a bad file later); a glob that matches nothing is a :class:`ConfigError`.
+    a ``root://`` glob is listed by the server (:func:`pipeline.fs.expand_remote_glob`), other
+    URLs (``root://``, ``http(s)://``) are passed through. A plain path or URL that does not exist
+    is kept (it is reported as a bad file later); a glob that matches nothing is a :class:`ConfigError`.
     """
+    from ..fs import expand_remote_glob
+
     out: list[str] = []
     for item in _as_list(inputs):
         item = item.strip()
@@ -188,7 +229,10 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
             from ..samples import coffea_samples
             item = str(coffea_samples() / item[len(SAMPLES_PREFIX):])
         if "://" in item and not item.startswith("file://"):
-            out.append(item)
+            hits = expand_remote_glob(item) if item.lower().startswith("root://") else [item]
+            if not hits:
+                raise ConfigError(f"input pattern matches no file: {item}")
+            out.extend(hits)
             continue
         if item.startswith("file://"):
             item = item[len("file://"):]
@@ -234,16 +278,20 @@ def _is_exact(patterns: list[str], name: str) -> bool:
 
 def open_tree(path: str, tree: str):
     """Open ``path`` and return its TTree or RNTuple ``tree``, or raise BadInputError(reason)."""
-    import uproot
+    from ..fs import open_root
 
     try:
-        f = uproot.open(path)
+        f = open_root(path)
     except FileNotFoundError:
         raise BadInputError("cannot open file: no such file") from None
+    except ReadTimeout:
+        raise
     except Exception as e:  # uproot raises many types for a corrupt file
         raise BadInputError(f"cannot open file: {type(e).__name__}: {_first_line(e)}") from None
     try:
         t = f[tree]
+    except ReadTimeout:
+        raise
     except Exception as e:
         raise BadInputError(f"no tree {tree!r} in the file ({_first_line(e)})") from None
     if not hasattr(t, "num_entries") or not hasattr(t, "arrays"):
@@ -275,12 +323,16 @@ def _bytes_per_entry(t, by_name: dict, branches: list[str]) -> float:
     if is_rntuple(t):
         try:
             return t.file.source.num_bytes / max(t.num_entries, 1)
+        except ReadTimeout:
+            raise
         except Exception:  # noqa: BLE001 - an estimate only
             return 1.0
     total = 0
     for name in branches:
         try:
             total += by_name[name].uncompressed_bytes
+        except ReadTimeout:
+            raise
         except Exception:  # noqa: BLE001 - an estimate only
             pass
     return total / max(t.num_entries, 1)
@@ -292,6 +344,8 @@ def _cluster_starts(t, branches: list[str]) -> list[int]:
         if is_rntuple(t):
             return [int(c.num_first_entry) for c in t.cluster_summaries]
         return [int(x) for x in t.common_entry_offsets(filter_name=branches)]
+    except ReadTimeout:
+        raise
     except Exception:  # noqa: BLE001 - fall back to plain ranges
         return []
 
@@ -350,14 +404,16 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
 
 
 def _error_text(e: BaseException) -> str:
-    return str(e) if isinstance(e, BadInputError) else f"{type(e).__name__}: {_first_line(e)}"
+    return str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
 
 
 def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: Union[int, str] = "100 MB",
                 entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
-                progress: bool = True, stop_after_first_good: bool = False) -> Plan:
-    """Open each file's tree metadata on the driver and cut it into chunks; bad files are recorded,
-    not raised. The branch selection and the Arrow schema come from the first good file."""
+                progress: bool = True, stop_after_first_good: bool = False,
+                file_timeout_s: Optional[float] = FILE_TIMEOUT_S) -> Plan:
+    """Open each file's tree metadata on the driver and cut it into chunks; bad files (also one
+    that takes longer than ``file_timeout_s``) are recorded, not raised. The branch selection and
+    the Arrow schema come from the first good file."""
     mode, size = parse_step_size(step_size)
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
@@ -371,8 +427,9 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
         info = FileInfo(i, path)
         infos.append(info)
         try:
-            t, branches, info.entries, ranges, found = plan_file(path, tree, filter_name, resolved, mode, size,
-                                                                 entry_start, entry_stop)
+            with read_deadline(file_timeout_s):
+                t, branches, info.entries, ranges, found = plan_file(path, tree, filter_name, resolved, mode,
+                                                                     size, entry_start, entry_stop)
             if resolved is None:
                 resolved, schema = branches, found
             for x, y in ranges:
@@ -409,6 +466,8 @@ def _candidates(t, matched: list[str], patterns: list[str]) -> tuple[list[str], 
 def _root_type(t, name: str) -> str:
     try:
         return str(t[name].typename)
+    except ReadTimeout:
+        raise
     except Exception:  # noqa: BLE001 - only for the message
         return "?"
 
@@ -436,12 +495,16 @@ def _supported(t, matched: list[str], patterns: list[str]):
                  len(skipped), ", ".join(skipped[:3]))
     try:
         table = _probe(t, names)
+    except ReadTimeout:
+        raise
     except Exception:  # noqa: BLE001 - find the branches that fail, one by one
         good, failed = [], []
         for name in names:
             try:
                 _probe(t, [name])
                 good.append(name)
+            except ReadTimeout:
+                raise
             except Exception as e:  # noqa: BLE001
                 failed.append(f"branch {name!r} ({_root_type(t, name)}) cannot be converted: "
                               f"{type(e).__name__}: {_first_line(e)}")
@@ -507,9 +570,11 @@ def cached_tree(path: str, tree: str):
     return _OPEN[key]
 
 
-def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entry_stop: int):
-    """uproot -> awkward record array of one entry range."""
-    return read_arrays(cached_tree(path, tree), branches, entry_start, entry_stop)
+def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entry_stop: int,
+               timeout_s: Optional[float] = FILE_TIMEOUT_S):
+    """uproot -> awkward record array of one entry range (:class:`ReadTimeout` after ``timeout_s``)."""
+    with read_deadline(timeout_s):
+        return read_arrays(cached_tree(path, tree), branches, entry_start, entry_stop)
 
 
 def read_arrays(t, branches: list[str], entry_start: int, entry_stop: int):
@@ -559,9 +624,11 @@ def _convert(t, branches: list[str], schema, a: int, b: int, out_dir: str, part:
 
 
 def _scan_partition(batches: Iterator, *, tree: str, filter_name: list[str], branches: list[str], schema,
-                    out_dir: str, mode: str, size: int, entry_start, entry_stop, row_group_rows) -> Iterator:
+                    out_dir: str, mode: str, size: int, entry_start, entry_stop, row_group_rows,
+                    file_timeout_s: Optional[float] = FILE_TIMEOUT_S) -> Iterator:
     """Phase 1, one task per file: open the metadata and cut the entry ranges; a file that is a
-    single chunk is converted right here (no second open); larger files return their ranges."""
+    single chunk is converted right here (no second open); larger files return their ranges.
+    Opening (and converting) one file takes at most ``file_timeout_s``."""
     import pyarrow as pa
 
     for batch in batches:
@@ -571,24 +638,33 @@ def _scan_partition(batches: Iterator, *, tree: str, filter_name: list[str], bra
             r = {"file_index": fi, "entries": 0, "starts": [], "stops": [], "rows": [], "parts": [],
                  "done": False, "error": None}
             try:
-                t, _, r["entries"], ranges, _ = plan_file(path, tree, filter_name, branches, mode, size,
-                                                          entry_start, entry_stop)
-                r["starts"], r["stops"] = [x for x, _ in ranges], [y for _, y in ranges]
-                if len(ranges) <= 1:
-                    r["done"] = True
-                    for x, y in ranges:
-                        part = part_name(fi, 0)
-                        n, _ = _convert(t, branches, schema, x, y, out_dir, part, row_group_rows)
-                        r["rows"], r["parts"] = [n], [part if n else None]
+                with read_deadline(file_timeout_s):
+                    t, _, r["entries"], ranges, _ = plan_file(path, tree, filter_name, branches, mode, size,
+                                                              entry_start, entry_stop)
+                    r["starts"], r["stops"] = [x for x, _ in ranges], [y for _, y in ranges]
+                    if len(ranges) <= 1:
+                        r["done"] = True
+                        for x, y in ranges:
+                            part = part_name(fi, 0)
+                            n, _ = _convert(t, branches, schema, x, y, out_dir, part, row_group_rows)
+                            r["rows"], r["parts"] = [n], [part if n else None]
             except Exception as e:  # noqa: BLE001 - reported per file by the driver
                 r["error"] = _error_text(e)
+                _remove_part(out_dir, part_name(fi, 0))
             rows.append(r)
         yield pa.RecordBatch.from_pylist(rows, schema=_pa_schema(SCAN_FIELDS))
 
 
+def _remove_part(out_dir: str, part: str) -> None:
+    """A part interrupted while being written (a timeout) must not be left behind."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(out_dir, part))
+
+
 def _ingest_partition(batches: Iterator, *, branches: list[str], schema, out_dir: str,
-                      row_group_rows: Optional[int]) -> Iterator:
-    """Phase 2, one task per chunk of a multi-chunk file: read it, write its part, yield a status row."""
+                      row_group_rows: Optional[int], file_timeout_s: Optional[float] = FILE_TIMEOUT_S) -> Iterator:
+    """Phase 2, one task per chunk of a multi-chunk file: read it (at most ``file_timeout_s``),
+    write its part, yield a status row."""
     import pyarrow as pa
 
     for batch in batches:
@@ -598,9 +674,12 @@ def _ingest_partition(batches: Iterator, *, branches: list[str], schema, out_dir
             t0 = time.time()
             part, n, nbytes, err = part_name(fi, cid), 0, 0, None
             try:
-                n, nbytes = _convert(cached_tree(path, tree), branches, schema, a, b, out_dir, part, row_group_rows)
+                with read_deadline(file_timeout_s):
+                    n, nbytes = _convert(cached_tree(path, tree), branches, schema, a, b, out_dir, part,
+                                         row_group_rows)
             except Exception as e:  # noqa: BLE001 - reported per file by the driver
                 err = _error_text(e)
+                _remove_part(out_dir, part)
             rows.append({"chunk_id": cid, "file_index": fi, "rows": n, "bytes": nbytes,
                          "seconds": time.time() - t0, "part": part if n else None, "error": err})
         yield pa.RecordBatch.from_pylist(rows, schema=_pa_schema(STATUS_FIELDS))
@@ -631,12 +710,13 @@ def default_schema_name(tree: str) -> str:
 
 def plan_ingest_root(cfg: IngestRootConfig) -> dict:
     """--dry-run: the resolved inputs and outputs (no file is opened, Spark is not started)."""
+    from ..fs import location
+
     files = resolve_files(cfg.input)
+    out = location(cfg.output, output=True)
     return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
-            "output": str(Path(cfg.output).expanduser().absolute()),
-            "report": str(Path(cfg.output).expanduser().absolute() / "_report.json"),
-            "schema": str(Path(cfg.output).expanduser().absolute() / "_schema.json"),
-            "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
+            "file_timeout_s": cfg.file_timeout_s, "output": str(out), "report": str(out.child("_report.json")),
+            "schema": str(out.child("_schema.json")), "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
 
 
 def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
@@ -650,6 +730,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     """
     import functools
 
+    from ..fs import location
     from ..outputs import atomic_output_dir, write_json
     from ..schemas import register_schema
     from ..spark import get_spark
@@ -659,7 +740,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     mode, size = parse_step_size(cfg.step_size)
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
-                      stop_after_first_good=True)
+                      stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s)
     if ref.schema is None:
         raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
     errors = {f.file_index: f.error for f in ref.files if f.error}
@@ -672,7 +753,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         scan = functools.partial(_scan_partition, tree=cfg.tree, filter_name=cfg.filter_name, branches=branches,
                                  schema=schema, out_dir=str(tmp), mode=mode, size=size,
                                  entry_start=cfg.entry_start, entry_stop=cfg.entry_stop,
-                                 row_group_rows=cfg.row_group_rows)
+                                 row_group_rows=cfg.row_group_rows, file_timeout_s=cfg.file_timeout_s)
         scanned = {r["file_index"]: r.asDict() for r in fdf.mapInArrow(spark_task(scan), _spark_schema(SCAN_FIELDS)).collect()}
         chunks = []
         for fi, r in sorted(scanned.items()):
@@ -684,7 +765,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
             log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
                      len({c.file_index for c in chunks}))
             fn = functools.partial(_ingest_partition, branches=branches, schema=schema, out_dir=str(tmp),
-                                   row_group_rows=cfg.row_group_rows)
+                                   row_group_rows=cfg.row_group_rows, file_timeout_s=cfg.file_timeout_s)
             statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
                 spark_task(fn), _spark_schema(STATUS_FIELDS)).collect()]
         per_file = _summarise(files, errors, scanned, chunks, statuses, tmp)
@@ -698,7 +779,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
                              registry_dir=Path(cfg.schema_dir) if cfg.schema_dir else None)
         report = {"job": "ingest_root", "tree": cfg.tree, "filter_name": cfg.filter_name,
                   "branches": branches, "schema": {"name": ds.name, "version": ds.version},
-                  "output": str(Path(cfg.output).expanduser().absolute()), "rows": n_rows,
+                  "output": str(location(cfg.output, output=True)), "rows": n_rows,
                   "files": per_file, "bad_files": [{"file": f["file"], "reason": f["error"]}
                                                    for f in per_file if f.get("error")],
                   "seconds": round(time.time() - t_start, 3)}
