@@ -3,7 +3,8 @@
 Design
 ------
 1. **Plan.** ``resolve_files`` expands the inputs (paths, globs, ``samples:NAME`` for the cached
-   coffea sample files, ``root://`` URLs when fsspec-xrootd is installed). The driver opens the
+   coffea sample files, ``root://`` URLs and globs listed by the XRootD server, ``http(s)://`` URLs;
+   remote files are opened by :func:`pipeline.fs.open_root`). The driver opens the
    first good file's tree (``tree`` names a TTree or an RNTuple: uproot reads both with the same
    ``arrays`` call) and resolves the branch selection (uproot ``filter_name`` semantics: exact
    names, globs, ``/regex/``; an RNTuple's top-level fields are its branches). The Arrow schema
@@ -37,7 +38,10 @@ Design
    mode, or a shared mount).
 4. **Commit.** A file that cannot be opened, lacks the tree or a requested branch, or fails while
    being read is reported (file, reason) in ``_report.json`` and one log line, and its parts are
-   removed; an empty tree gives no rows and no error. The output directory (``atomic_output_dir``)
+   removed; an empty tree gives no rows and no error. Opening a file (and converting it when it
+   is one chunk) and reading one chunk each run under a deadline of ``file_timeout_s``
+   (:func:`read_deadline`, a SIGALRM timer in the main thread of the driver or of the Python
+   worker): a file that hangs (a stuck server, a FIFO) is reported as "read timed out after N s". The output directory (``atomic_output_dir``)
    gets ``_report.json`` (per file: entries, rows, parts with their entry ranges, or the reason it
    failed) and ``_schema.json`` (a reviewed version from ``schemas/root/<tree>`` when its columns
    match; a new version is written only to ``schema_dir``, never to ``schemas/``). If
