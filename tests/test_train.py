@@ -114,6 +114,19 @@ def test_missing_column_in_a_shard_is_named(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_single_class_data_is_one_line_naming_the_manifest(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    man = write_digit_shards(tmp_path / "shards", workers=2, n_train=128, n_test=32, n_val=32)
+    for f in (tmp_path / "shards").rglob("*.parquet"):
+        t = pq.read_table(f)
+        pq.write_table(t.set_column(t.schema.get_field_index("label"), "label",
+                                    pa.array([0] * t.num_rows, pa.int64())), f)
+    with pytest.raises(BadInputError, match=r"manifest.json: the shards and eval splits hold 1 class label"):
+        make_plan(TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="local"))
+
+
 def test_dry_run_prints_the_plan(small_shards, capsys):
     assert train_main(["--manifest", str(small_shards), "--dry-run", "--epochs", "4", "--batch_size", "16"]) == 0
     out = json.loads(capsys.readouterr().out)

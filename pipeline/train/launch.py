@@ -107,7 +107,10 @@ def make_plan(cfg: TrainConfig) -> dict:
     num_classes = label_count([w.path for w in man.workers] + list(man.eval.values()))
     if features in ("hlf", "llf", "inclusive"):
         num_classes = max(num_classes, 3)
-    return TrainingPlan(**{
+    if num_classes < 2:
+        raise BadInputError(f"{man.path}: the shards and eval splits hold {num_classes} class label(s); "
+                            "a classifier needs at least 2")
+    return _validated_plan(man.path, {
         "workers": m, "features": features, "num_classes": num_classes,
         "shape": probe_shape(man.workers[0].path, features), "copies": man.copies,
         "steps_per_epoch": spe, "overlap_epochs": overlap_epochs, "total_steps": total,
@@ -116,7 +119,19 @@ def make_plan(cfg: TrainConfig) -> dict:
         "global_batch": global_batch, "n_train_samples": man.n_train_samples,
         "scaling": _find_scaling(cfg, man.source) if features != "image" else None,
         "eval": dict(man.eval), "manifest": man.path,
-    }).model_dump()
+    })
+
+
+def _validated_plan(manifest: str, fields: dict) -> dict:
+    """The plan as the TrainingPlan contract; an inconsistent one is one line naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return TrainingPlan(**fields).model_dump()
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(x) for x in err["loc"]) or "plan"
+        raise BadInputError(f"{manifest}: no valid training plan: {key}: {err['msg']}") from None
 
 
 def plan_train(cfg: TrainConfig) -> dict:
