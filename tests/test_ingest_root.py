@@ -195,6 +195,7 @@ def test_every_branch_of_delphes_with_the_type_of_a_real_read(spark, delphes_roo
         assert table.column(name).slice(10, 10).to_pylist() == real.to_pylist()
 
 
+@pytest.mark.timeout(300)                      # a hang fails here, not at the suite's limit
 @pytest.mark.parametrize("hang_first", [True, False], ids=["on-the-driver", "in-a-spark-task"])
 def test_a_file_that_never_answers_is_reported_after_file_timeout_s(spark, samples_dir, tmp_path, hang_first):
     """A FIFO without a writer blocks its reader forever: the driver (the first file is planned
@@ -243,3 +244,18 @@ def test_read_deadline_restores_an_outer_timer():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert fired == []
+
+
+@pytest.mark.timeout(300)
+def test_feature_stage_reports_a_file_that_never_answers(spark, delphes_root, tmp_path):
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    hang = tmp_path / "hang.root"
+    os.mkfifo(hang)
+    cfg = FeaturesConfig(input=[str(delphes_root), str(hang)], samples=[{"name": "ttbar", "label": 1, "files": ["*.root"]}],
+                         output=str(tmp_path / "out"), file_timeout_s=2)
+    with pytest.raises(BadInputError, match=f"1 of 2 input file.*{hang}: read timed out after 2 s"):
+        build_features(cfg, spark=spark)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [(b["file"], b["reason"]) for b in rep["bad_files"]] == [(str(hang), "read timed out after 2 s")]
+    assert {os.path.basename(f["file"]): f["selected"] for f in rep["files"]}["delphes.root"] == 1

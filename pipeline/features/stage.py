@@ -49,8 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
 from ..spark import spark_task
-from ..ingest.root import (SAMPLES_PREFIX, Chunk, FileInfo, _first_line, parse_step_size, plan_chunks,
-                           resolve_files)
+from ..ingest.root import (FILE_TIMEOUT_S, SAMPLES_PREFIX, Chunk, FileInfo, ReadTimeout, _first_line,
+                           parse_step_size, plan_chunks, resolve_files)
 from . import delphes as D
 from .layout import CLASS_LABELS, HLF_NAMES, LLF_NAMES, LLF_SIZE, N_CLASSES, N_HLF
 
@@ -97,6 +97,8 @@ class FeaturesConfig(StageConfig):
     llf_row_group_mb: float = Field(32, gt=0, description="Parquet row group size of llf/ [MiB]")
     file_mb: int = Field(256, gt=0, description="target Parquet file size [MiB] (sets the number of files)")
     schema_dir: Optional[str] = Field(None, description="schemas folder (default: the repository's schemas/)")
+    file_timeout_s: float = Field(FILE_TIMEOUT_S, gt=0, description="seconds allowed to open one ROOT file and "
+                                  "to read one chunk; longer: the file is reported as bad")
 
     @field_validator("step_size")
     @classmethod
@@ -176,7 +178,7 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
                 info.chunks += 1
     if roots:
         paths = resolve_files(roots)
-        plan = plan_chunks(paths, cfg.tree, required, cfg.step_size)
+        plan = plan_chunks(paths, cfg.tree, required, cfg.step_size, file_timeout_s=cfg.file_timeout_s)
         offset = len(files)
         for f in plan.files:
             files.append(FileInfo(offset + f.file_index, f.path, f.entries, f.chunks, f.error))
@@ -199,15 +201,15 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
 # the Spark task
 # --------------------------------------------------------------------------------------------
 
-def _read_unit(path: str, tree: str, a: int, b: int):
-    """The REQUIRED_BRANCHES of one unit as an awkward record array."""
+def _read_unit(path: str, tree: str, a: int, b: int, timeout_s: float = FILE_TIMEOUT_S):
+    """The REQUIRED_BRANCHES of one unit as an awkward record array (a ROOT chunk: within ``timeout_s``)."""
     import awkward as ak
 
     if not tree:   # an ingested Parquet part
         import pyarrow.parquet as pq
         return ak.from_arrow(pq.read_table(path, columns=list(D.REQUIRED_BRANCHES)))
     from ..ingest.root import read_chunk
-    return read_chunk(path, tree, list(D.REQUIRED_BRANCHES), a, b)
+    return read_chunk(path, tree, list(D.REQUIRED_BRANCHES), a, b, timeout_s)
 
 
 def _spark_schema():
@@ -236,7 +238,8 @@ def _lists(x: np.ndarray):
                                     pa.array(np.ascontiguousarray(x, np.float32).reshape(-1), pa.float32()))
 
 
-def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int = 256) -> Iterator:
+def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int = 256,
+                       file_timeout_s: float = FILE_TIMEOUT_S) -> Iterator:
     import pyarrow as pa
 
     schema = _arrow_schema()
@@ -246,7 +249,7 @@ def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int =
                                              d["entry_start"], d["entry_stop"]):
             err, n_read, n_sel = None, 0, 0
             try:
-                block = D.compute_features(_read_unit(path, tree, a, b))
+                block = D.compute_features(_read_unit(path, tree, a, b, file_timeout_s))
                 n_read, n_sel = block.n_read, len(block.index)
                 for s in range(0, n_sel, rows_per_batch):
                     sl = slice(s, min(s + rows_per_batch, n_sel))
@@ -259,7 +262,7 @@ def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int =
                         pa.array(block.n_particles[sl], pa.int32()), pa.nulls(k, pa.int64()),
                         pa.nulls(k, pa.int64()), pa.nulls(k, pa.string())], schema=schema)
             except Exception as e:  # noqa: BLE001 - the driver reports the file
-                err = f"{type(e).__name__}: {_first_line(e)}" if not isinstance(e, BadInputError) else str(e)
+                err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
                 n_sel = 0
             yield pa.RecordBatch.from_pylist([{"chunk_id": cid, "kind": 1, "n_read": n_read, "n_selected": n_sel,
                                                "error": err}], schema=schema)
@@ -317,7 +320,7 @@ class _Tally:
     read: dict               # file_index -> events read
 
 
-def _run_units(spark, units: list[Chunk], labels: dict, t_start: float):
+def _run_units(spark, units: list[Chunk], labels: dict, t_start: float, file_timeout_s: float = FILE_TIMEOUT_S):
     """The Spark pass over the work units: (persisted feature DataFrame or None, {chunk_id: status})."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -326,7 +329,7 @@ def _run_units(spark, units: list[Chunk], labels: dict, t_start: float):
 
     if not units:
         return None, {}
-    fn = functools.partial(_feature_partition, labels=labels)
+    fn = functools.partial(_feature_partition, labels=labels, file_timeout_s=file_timeout_s)
     feat = chunks_dataframe(spark, units).mapInArrow(spark_task(fn), _spark_schema()).persist(StorageLevel.DISK_ONLY)
     statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
                 .select("chunk_id", "n_read", "n_selected", "error").collect()]
@@ -470,7 +473,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     out = Path(cfg.output).expanduser().absolute()
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     with atomic_output_dir(out) as tmp:
-        feat, st = _run_units(spark, units, labels, t_start)
+        feat, st = _run_units(spark, units, labels, t_start, cfg.file_timeout_s)
         tally = _tally(files, units, labels, st)
         events, counts = _split(_events(spark, feat, tally.offsets, cfg.seed), tally.per_label, cfg)
         if cfg.balance_classes:
