@@ -14,7 +14,7 @@ from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
 from train_fixtures import write_digit_shards
 
-STEPS = 64  # per worker: 8 rounds of 8 local steps (step-mode rounds: the same samples as AR-SGD)
+STEPS = 96  # per worker: 12 rounds of 8 local steps (step-mode rounds: the same samples as AR-SGD)
 ROUND = {"round_steps": 8}
 
 
@@ -25,7 +25,7 @@ def digits4(tmp_path_factory):
 
 
 def _run(manifest, out, algorithm: dict, **kw) -> dict:
-    base = dict(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=3, batch_size=32,
+    base = dict(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=4, batch_size=32,
                 optimizer="adam", lr=0.001, warmup_epochs=0.5, progress=False, algorithm=algorithm,
                 max_steps=STEPS, max_restarts=0)
     base.update(kw)

@@ -2,9 +2,10 @@
 
 The model lives on the holder, rank 0 (:class:`.eawild.CentreHolder`). Every local step,
 worker j pushes its gradient ``g_j`` (computed on the model it pulled last) with its current
-learning rate divided by M (M pushes of one local batch each make one global step of the
-synchronous algorithms, whose learning rate is scaled for the global batch); the holder applies
-it at once with its own instance of the base optimizer
+learning rate rescaled from the global batch (for which the configured rate is scaled) to one
+local batch: divided by M for SGD (linear rule), by sqrt(M) for Adam (square-root rule of
+Malladi et al. 2022; lr / M made the runs markedly worse than AR-SGD in our tests); the holder
+applies it at once with its own instance of the base optimizer
 (same kind and hyper-parameters: Adam or SGD with momentum), one push after the other, and
 replies with the updated model, which the worker copies into its parameters: that is its
 next pull. No worker waits for another, only for the holder's reply. **Staleness** = the
@@ -53,6 +54,8 @@ class AsyncPS(CentreAlgorithm):
     def __init__(self, params, optimizer, comm, averager=None, **kw) -> None:
         super().__init__(params, optimizer, comm, averager, **kw)
         self.rule = ServerOptimizer(optimizer)
+        m = comm.world_size  # a push is one local batch: SGD's linear rule (lr / M), Adam's square-root rule
+        self.push_lr_divisor = float(m) if isinstance(optimizer, torch.optim.SGD) else m ** 0.5
         self.grad_params = [p for p in self.params]
         self.tensors = [p.data for p in self.grad_params]  # the server holds the parameters only
         self.numel = sum(t.numel() for t in self.tensors)
@@ -71,7 +74,7 @@ class AsyncPS(CentreAlgorithm):
             return
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to("cpu")
                        for p in self.grad_params])
-        lr = float(self.optimizer.param_groups[0]["lr"]) / self.comm.world_size  # one M-th of a global step
+        lr = float(self.optimizer.param_groups[0]["lr"]) / self.push_lr_divisor
         payload = torch.cat([g.to(self.dtype), torch.tensor([lr], dtype=self.dtype)])
         t0 = time.perf_counter()
         c = self.link.push(payload)
