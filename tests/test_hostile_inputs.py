@@ -234,6 +234,9 @@ def test_corrupted_part_in_the_shard_input(spark, tmp_path, dataset, capsys, how
 
 
 # ---------------------------------------------------------------------------- output directory and disk
+_NO_MOUNT = "mounting a small tmpfs needs root (CAP_SYS_ADMIN), as in CI: run the suite as root"
+
+
 def _mount_tmpfs(where: Path, size: str, readonly: bool = False) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     opts = f"size={size}" + (",ro" if readonly else "")
@@ -247,8 +250,7 @@ def _umount(where: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path):
     mnt = tmp_path / "disk"
-    if not _mount_tmpfs(mnt, "96k"):
-        pytest.skip("cannot mount a tmpfs here (not root or no CAP_SYS_ADMIN)")
+    assert _mount_tmpfs(mnt, "96k"), _NO_MOUNT
     yield mnt
     _umount(mnt)
 
@@ -269,8 +271,7 @@ def test_a_disk_that_fills_during_the_write_leaves_the_previous_output_untouched
 @pytest.mark.slow
 def test_an_output_directory_that_is_not_writable(tmp_path, shards, capsys):
     mnt = tmp_path / "ro"
-    if not _mount_tmpfs(mnt, "1m"):
-        pytest.skip("cannot mount a tmpfs here (not root or no CAP_SYS_ADMIN)")
+    assert _mount_tmpfs(mnt, "1m"), _NO_MOUNT
     try:
         (mnt / "train").mkdir()
         (mnt / "train" / "summary.json").write_text('{"previous": true}\n')
