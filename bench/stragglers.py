@@ -83,7 +83,7 @@ def run_one(manifest: Path, out: Path, algorithm: dict, stragglers: dict, args) 
     from pipeline.train.launch import train
 
     cfg = TrainConfig(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=args.epochs,
-                      batch_size=32, optimizer="adam", lr=0.001, warmup_epochs=0.5, eval_every=args.eval_every,
+                      batch_size=32, optimizer="adam", lr=args.lr, warmup_epochs=0.5, eval_every=args.eval_every,
                       eval_split="val", progress=False, algorithm=algorithm, stragglers=stragglers, seed=args.seed,
                       max_restarts=0)
     s = train(cfg)
@@ -230,6 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eval-every", type=int, default=8, help="validate every N steps (rounds x H)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.001, help="Adam learning rate (lower: a curve still rising after --min-seconds)")
     p.add_argument("--scenarios", default="slow,delay")
     p.add_argument("--only", default="", help="comma-separated algorithm names (default: all)")
     p.add_argument("--small", action="store_true", help="smoke run: 2,000 samples, 2 epochs, 1 repeat, target after 0.5 s")
