@@ -94,17 +94,16 @@ MODELS: dict[str, type[DagSettingsBase]] = {"hep": HepDagSettings, "images": Ima
 
 def load_dag_settings(name: str, path: Path) -> DagSettingsBase:
     """The settings of DAG ``name`` from ``path`` (the defaults when the file is missing)."""
-    import yaml
+    from .config import read_yaml     # PyYAML + pydantic only, like this module
+    from .errors import ConfigError
 
     model = MODELS[name]
     if not path.is_file():
         return model()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        data = read_yaml(path)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -63,29 +63,14 @@ def plan_report(cfg: ReportConfig) -> dict:
 
 def report(cfg: ReportConfig, spark=None) -> dict:
     """Plot the curves; returns {"output": png path, "runs": n}."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .figures import finish_learning_curves, learning_curve_axes
 
     runs = load_runs(cfg)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, ax1, ax2 = learning_curve_axes()
     for label, recs in runs:
         ax1.plot([r["epoch"] for r in recs], [r["accuracy"] for r in recs], marker="o", ms=3, label=label)
         ax2.plot([r["wall_s"] for r in recs], [r["accuracy"] for r in recs], marker="o", ms=3, label=label)
-    ax1.set_xlabel("epoch")
-    ax2.set_xlabel("training wall time (s)")
-    for ax in (ax1, ax2):
-        ax.set_ylabel(f"{cfg.split} accuracy")
-        ax.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
-    fig.suptitle(cfg.title)
-    fig.tight_layout()
     out = local_path(cfg.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
+    finish_learning_curves(fig, ax1, ax2, f"{cfg.split} accuracy", cfg.title, out)
     log.info("learning curves of %d run(s) -> %s", len(runs), out)
     return {"output": str(out), "runs": len(runs)}

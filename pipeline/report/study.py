@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .figures import finish_learning_curves, learning_curve_axes, pyplot, savefig
+
 
 def fmt(x, digits: int = 4) -> str:
     """A number for a table: ``-`` for missing, else ``digits`` significant digits."""
@@ -54,32 +56,12 @@ def markdown_report(title: str, intro: list[str], cells: list[dict], stats, metr
     return "\n".join(lines) + "\n"
 
 
-def _savefig(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_learning_curves(curves: dict[str, list[list[dict]]], path: Path, split: str = "val",
                          title: str = "") -> Path:
     """``curves``: cell -> one list of evaluation records per seed (``step``, ``epoch``, ``wall_s``, ``accuracy``)."""
     import numpy as np
 
-    plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, ax1, ax2 = learning_curve_axes()
     for cell, runs in curves.items():
         by_step: dict[int, list[dict]] = {}
         for recs in runs:
@@ -96,22 +78,14 @@ def plot_learning_curves(curves: dict[str, list[list[dict]]], path: Path, split:
         for ax, x in ((ax1, ep), (ax2, wall)):
             line, = ax.plot(x, acc, marker="o", ms=3, label=cell)
             ax.fill_between(x, np.subtract(acc, sd), np.add(acc, sd), color=line.get_color(), alpha=0.15)
-    ax1.set_xlabel("epoch")
-    ax2.set_xlabel("training wall time (s)")
-    for ax in (ax1, ax2):
-        ax.set_ylabel(f"{split} accuracy (mean over seeds)")
-        ax.grid(alpha=0.3)
-    ax1.legend(fontsize=7)
-    fig.suptitle(title or "Learning curves")
-    fig.tight_layout()
-    _savefig(fig, path)
-    return path
+    return finish_learning_curves(fig, ax1, ax2, f"{split} accuracy (mean over seeds)", title or "Learning curves",
+                                  path, legend_size=7)
 
 
 def plot_speedup(groups: dict[str, dict[int, dict[str, float]]], path: Path, title: str = "") -> Path:
     """``groups``: setting -> workers -> {"samples_per_s": mean, "time_to_target_s": mean (optional)}.
     Speed-up = throughput(M) / throughput(M_min), and time_to_target(M_min) / time_to_target(M)."""
-    plt = _pyplot()
+    plt = pyplot()
     has_ttt = any(not math.isnan(v.get("time_to_target_s", math.nan)) for g in groups.values() for v in g.values())
     fig, axes = plt.subplots(1, 2 if has_ttt else 1, figsize=(11 if has_ttt else 6, 4.2), squeeze=False)
     all_m = sorted({m for g in groups.values() for m in g})
@@ -136,6 +110,6 @@ def plot_speedup(groups: dict[str, dict[int, dict[str, float]]], path: Path, tit
         ax.legend(fontsize=7)
     fig.suptitle(title or "Speed-up against workers")
     fig.tight_layout()
-    _savefig(fig, path)
+    savefig(fig, path)
     return path
 
