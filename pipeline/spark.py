@@ -82,10 +82,33 @@ def task_slots(spark) -> int:
     return max(0, cores // cpus)
 
 
-def check_task_slots(spark, workers: int) -> int:
-    """The session's task slots; ConfigError at once when fewer than ``workers`` (training runs
-    one task per worker at the same time and would otherwise wait for a start timeout)."""
+def _seconds(value: str) -> float:
+    """A Spark time setting ("30s", "2min", "500ms", "45") in seconds."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|min|m|h)?\s*", str(value))
+    if not m:
+        return 30.0
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, None: 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+
+
+def check_task_slots(spark, workers: int, wait_s: Optional[float] = None) -> int:
+    """The session's task slots; ConfigError when fewer than ``workers`` (training runs one task
+    per worker at the same time and would otherwise wait for a start timeout).
+
+    A local master's slots are known at once. On a cluster, executors register after the session
+    starts, so the check waits for them up to ``wait_s`` (default: Spark's own
+    ``spark.scheduler.maxRegisteredResourcesWaitingTime``, 30 s) before failing.
+    """
+    import time
+
     slots = task_slots(spark)
+    if slots < workers and not _LOCAL.match(spark.sparkContext.master):
+        if wait_s is None:
+            conf = spark.sparkContext.getConf().get("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
+            wait_s = _seconds(conf)
+        deadline = time.monotonic() + wait_s
+        while slots < workers and time.monotonic() < deadline:
+            time.sleep(0.5)
+            slots = task_slots(spark)
     if slots < workers:
         raise ConfigError(f"workers={workers} needs {workers} Spark task slots running at once, but the session "
                           f"({spark.sparkContext.master}) has {slots}; lower workers or give Spark more cores "

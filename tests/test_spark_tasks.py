@@ -111,3 +111,10 @@ def test_slot_check_fails_at_once_naming_workers_and_slots(spark):
         check_task_slots(spark, 3)
     msg = str(e.value)
     assert "\n" not in msg and "workers=3" in msg and "has 2" in msg and "local[2]" in msg
+
+
+@pytest.mark.parametrize("value,seconds", [("30s", 30.0), ("2min", 120.0), ("500ms", 0.5), ("45", 45.0), ("1h", 3600.0)])
+def test_spark_time_settings_in_seconds(value, seconds):
+    from pipeline.spark import _seconds
+
+    assert _seconds(value) == seconds
