@@ -114,9 +114,15 @@ class Columns:
 
 
 def _jagged(arr, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
-    """(counts, flat values) of a jagged awkward array (missing lists count as empty)."""
+    """(counts, flat values) of a jagged awkward array (missing lists count as empty). A plain list
+    of numbers (what uproot reads) is taken from its buffers; anything else goes through awkward."""
     import awkward as ak
 
+    layout = ak.to_layout(arr)
+    if isinstance(layout, ak.contents.ListOffsetArray) and isinstance(layout.content, ak.contents.NumpyArray) \
+            and layout.content.data.ndim == 1:
+        off = np.asarray(layout.offsets.data, np.int64)
+        return np.diff(off), np.asarray(layout.content.data[off[0]:off[-1]], dtype)
     counts = np.asarray(ak.to_numpy(ak.fill_none(ak.num(arr, axis=1), 0)), np.int64)
     flat = ak.flatten(arr, axis=None)
     values = np.asarray(ak.to_numpy(flat), dtype) if len(flat) else np.zeros(0, dtype)
@@ -129,16 +135,20 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return off
 
 
-def _collection(ev, prefix: str, fields: dict, cut: tuple[str, float] | None) -> Jagged:
+def _collection(ev, prefix: str, fields: dict, cut: tuple[str, float] | None,
+                events: np.ndarray | None = None) -> Jagged:
     """``prefix.Field`` branches -> Jagged with the given column names, entries with ``cut`` (column,
-    minimum, exclusive) passing."""
+    minimum, exclusive) passing; with ``events`` (bool per event) only the entries of those events
+    (the others become empty)."""
     n = len(ev)
     counts, cols = None, {}
     for name, branch in fields.items():
         counts, cols[name] = _jagged(ev[f"{prefix}.{branch}"])
-    if cut is None:
+    if cut is None and events is None:
         return Jagged(_offsets(counts), cols)
-    keep = cols[cut[0]] > cut[1]
+    keep = np.ones(len(cols[next(iter(cols))]), np.bool_) if events is None else np.repeat(events, counts)
+    if cut is not None:
+        keep &= cols[cut[0]] > cut[1]
     evt = np.repeat(np.arange(n), counts)
     return Jagged(_offsets(np.bincount(evt[keep], minlength=n)), {k: v[keep] for k, v in cols.items()})
 
@@ -152,15 +162,13 @@ def _merge(groups: list[tuple[int, Jagged]], n: int) -> Jagged:
     return Jagged(_offsets(np.bincount(evt, minlength=n)), {c: v[order] for c, v in cols.items()})
 
 
-def columns(ev) -> Columns:
-    """The flat collections of one chunk (awkward record array of REQUIRED_BRANCHES)."""
+def columns(ev, lepton_events_only: bool = False) -> Columns:
+    """The flat collections of one chunk (awkward record array of REQUIRED_BRANCHES). With
+    ``lepton_events_only`` the particle-flow candidates are kept only in the events with a lepton
+    above LEPTON_PT_MIN (the only events :func:`select` can select; the others get none), which
+    saves their sorting and copying where few events have a lepton."""
     n = len(ev)
     kin = {"pt": "PT", "eta": "Eta", "phi": "Phi"}
-    tracks = _collection(ev, "EFlowTrack", {**kin, "charge": "Charge", "pid": "PID", "x": "X", "y": "Y", "z": "Z"},
-                         ("pt", TRACK_PT_MIN))
-    photons = _collection(ev, "EFlowPhoton", {"pt": "ET", "eta": "Eta", "phi": "Phi"}, ("pt", PHOTON_ET_MIN))
-    neutrals = _collection(ev, "EFlowNeutralHadron", {"pt": "ET", "eta": "Eta", "phi": "Phi"},
-                           ("pt", NEUTRAL_ET_MIN))
     ele = _collection(ev, "Electron", {**kin, "charge": "Charge"}, ("pt", LEPTON_PT_MIN))
     mu = _collection(ev, "Muon", {**kin, "charge": "Charge"}, ("pt", LEPTON_PT_MIN))
     ele.cols["is_ele"], mu.cols["is_ele"] = np.ones(len(ele["pt"])), np.zeros(len(mu["pt"]))
@@ -168,12 +176,18 @@ def columns(ev) -> Columns:
     order = np.argsort(evt, kind="stable")                     # per event: electrons, then muons
     leptons = Jagged(_offsets(np.bincount(evt, minlength=n)),
                      {c: np.concatenate([ele[c], mu[c]])[order] for c in ele.cols})
+    has = leptons.counts > 0 if lepton_events_only else None
+    tracks = _collection(ev, "EFlowTrack", {**kin, "charge": "Charge", "pid": "PID", "x": "X", "y": "Y", "z": "Z"},
+                         ("pt", TRACK_PT_MIN), has)
+    photons = _collection(ev, "EFlowPhoton", {"pt": "ET", "eta": "Eta", "phi": "Phi"}, ("pt", PHOTON_ET_MIN), has)
+    neutrals = _collection(ev, "EFlowNeutralHadron", {"pt": "ET", "eta": "Eta", "phi": "Phi"},
+                           ("pt", NEUTRAL_ET_MIN), has)
     jets = _collection(ev, "Jet", {"pt": "PT", "eta": "Eta", "btag": "BTag"}, None)
     met = _collection(ev, "MissingET", {"met": "MET", "phi": "Phi"}, None)
-    has = met.counts > 0
-    first = met.off[:-1][has]                                  # the first MissingET entry of each event
+    met_has = met.counts > 0
+    first = met.off[:-1][met_has]                              # the first MissingET entry of each event
     met_val, met_phi = np.zeros(n), np.zeros(n)
-    met_val[has], met_phi[has] = met["met"][first], met["phi"][first]
+    met_val[met_has], met_phi[met_has] = met["met"][first], met["phi"][first]
     cands = _merge([(KIND_TRACK, tracks), (KIND_PHOTON, photons), (KIND_NEUTRAL, neutrals)], n)
     return Columns(n, tracks, photons, neutrals, leptons, cands, jets, met_val, met_phi)
 
@@ -202,7 +216,7 @@ def select(cols: Columns) -> Selection:
 
 def select_events(ev) -> Selection:
     """:func:`select` on an awkward chunk."""
-    return select(columns(ev))
+    return select(columns(ev, lepton_events_only=True))
 
 
 def _dphi(a, b):
@@ -256,7 +270,7 @@ class FeatureBlock:
 
 def compute_features(ev) -> FeatureBlock:
     """Selection + HLF + LLF of one chunk of events (awkward record array of REQUIRED_BRANCHES)."""
-    cols = columns(ev)
+    cols = columns(ev, lepton_events_only=True)
     sel = select(cols)
     llf, npart = low_level(cols, sel.index, sel.lepton)
     return FeatureBlock(sel.index, high_level(cols, sel), llf, npart, cols.n)
