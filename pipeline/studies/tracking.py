@@ -225,6 +225,18 @@ def train_and_track(cfg, spark=None) -> dict:
     """``pipeline.train.launch.train`` followed by :func:`track_training` (the driver side)."""
     from ..train.launch import train
 
+    check_tracking_target(cfg)
     summary = train(cfg, spark)
     track_training(cfg, summary)
     return summary
+
+
+def check_tracking_target(cfg) -> None:
+    """MLflow's default store is a local file store next to the output: an object-store output
+    needs ``tracking.uri`` (a tracking server, ``sqlite:///...``); checked before training."""
+    from ..errors import ConfigError
+    from ..fs import location
+
+    if cfg.tracking.enabled and not cfg.tracking.uri and not location(cfg.output, output=True).is_local:
+        raise ConfigError(f"tracking.enabled with output {cfg.output}: MLflow's default file store is local; "
+                          "set tracking.uri (a tracking server or sqlite:///path) for an object-store output")

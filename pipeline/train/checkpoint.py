@@ -14,6 +14,13 @@ exists and every rank file has the recorded size and SHA-256: a crash at any mom
 either a complete checkpoint or one that :func:`newest_complete` skips with a warning naming
 it (the previous complete one is used). Rank 0 keeps the newest ``keep`` complete checkpoints.
 
+``checkpoint_dir`` may be an ``s3://bucket/prefix`` on an S3-compatible object store
+(:mod:`pipeline.fs`): every rank PUTs its own ``rank_<RRR>.pt`` (one object, visible whole or not
+at all) and rank 0 PUTs ``meta.json`` last, so ``meta.json`` is the checkpoint's completion marker
+there as well; checkpoints are found by listing the prefix, and the same size/SHA-256 check
+applies to every rank object before a checkpoint is used. Local directories keep the temporary
+file, ``fsync`` and rename.
+
 ``rng`` holds torch's CPU generator, every CUDA device's generator (when CUDA is present),
 numpy's global and Python's ``random`` states. Resuming rebuilds each rank's model,
 optimizer, algorithm and RNG state and the training loop continues at step ``step`` (epoch
@@ -37,7 +44,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import BadInputError, ConfigError
+from ..fs import Location, delete_tree, list_files, location, read_bytes, write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +67,38 @@ def fingerprint(cfg, workers: int) -> dict:
     return d
 
 
-def step_dir(ckpt_dir: str | os.PathLike, step: int) -> Path:
-    return Path(ckpt_dir) / f"step_{step:08d}"
+def where(path: str | os.PathLike | Location) -> Path | Location:
+    """A checkpoint path as a :class:`Path` (local) or a :class:`~pipeline.fs.Location` (``s3://``)."""
+    loc = location(path, output=True)
+    return Path(loc.path) if loc.is_local else loc
+
+
+def _child(d: Path | Location, name: str) -> Path | Location:
+    return d / name if isinstance(d, Path) else d.child(name)
+
+
+def step_dir(ckpt_dir: str | os.PathLike | Location, step: int) -> Path | Location:
+    return _child(where(ckpt_dir), f"step_{step:08d}")
+
+
+def _put(target: Path | Location, data: bytes) -> None:
+    """One file whole: locally a temporary file, fsync and rename; on an object store one PUT."""
+    if isinstance(target, Path):
+        _write_atomic(target, data)
+    else:
+        write_bytes(target, data)
+
+
+def _read(f: Path | Location) -> Optional[bytes]:
+    """The bytes of ``f``, None when it does not exist."""
+    if isinstance(f, Path):
+        return f.read_bytes() if f.is_file() else None
+    try:
+        return read_bytes(f)
+    except BadInputError as e:
+        if str(e).endswith(": not found"):
+            return None
+        raise
 
 
 def rank_file(rank: int) -> str:
@@ -146,9 +184,10 @@ def write(comm, ckpt_dir: str, step: int, model, optimizer, algo, meta: dict[str
     rank 0: ``elapsed_s``, ``fingerprint``, ``metrics``) and prunes to the newest ``keep``.
     Returns the checkpoint directory on rank 0, None on the other ranks."""
     d = step_dir(ckpt_dir, step)
-    d.mkdir(parents=True, exist_ok=True)
+    if isinstance(d, Path):
+        d.mkdir(parents=True, exist_ok=True)
     blob = rank_bytes(model, optimizer, algo)
-    _write_atomic(d / rank_file(comm.rank), blob)
+    _put(_child(d, rank_file(comm.rank)), blob)
     entry = (rank_file(comm.rank), hashlib.sha256(blob).hexdigest(), len(blob))
     del blob
     with comm.stats_paused():
@@ -157,8 +196,9 @@ def write(comm, ckpt_dir: str, step: int, model, optimizer, algo, meta: dict[str
         return None
     full = {"format": FORMAT, "step": int(step), "world": comm.world_size, **meta,
             "files": {name: {"sha256": sha, "bytes": n} for name, sha, n in entries}}
-    _write_atomic(d / META, (json.dumps(full, default=str) + "\n").encode())
-    _fsync_dir(d)
+    _put(_child(d, META), (json.dumps(full, default=str) + "\n").encode())
+    if isinstance(d, Path):
+        _fsync_dir(d)
     if keep:
         prune(ckpt_dir, keep)
     return str(d)
@@ -177,24 +217,39 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def prune(ckpt_dir: str, keep: int) -> list[Path]:
+def prune(ckpt_dir: str, keep: int) -> list[Path | Location]:
     """Remove all but the newest ``keep`` complete checkpoints, and incomplete ones older than
     the newest complete one (leftovers of a crash). Returns what was removed."""
     removed, complete = [], 0
-    for p in candidates(ckpt_dir):
-        ok = (p / META).is_file()
+    d = where(ckpt_dir)
+    metas = None if isinstance(d, Path) else {f.path for f in list_files(d) if f.name == META}
+    for p in candidates(d):
+        ok = (p / META).is_file() if isinstance(p, Path) else p.child(META).path in metas
         if ok:
             complete += 1
         if (ok and complete > keep) or (not ok and complete > 0):
-            shutil.rmtree(p, ignore_errors=True)
+            remove(p)
             removed.append(p)
     return removed
 
 
+def remove(path: str | os.PathLike | Location) -> None:
+    """Remove a checkpoint directory (or the whole checkpoint directory); missing is fine."""
+    p = where(path)
+    if isinstance(p, Path):
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        delete_tree(p)
+
+
 # ---------------------------------------------------------------------------- reading
-def candidates(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """Checkpoint directories, newest first."""
-    d = Path(ckpt_dir)
+def candidates(ckpt_dir: str | os.PathLike | Location) -> list[Path | Location]:
+    """Checkpoint directories, newest first (on an object store: the step prefixes the listing shows)."""
+    d = where(ckpt_dir)
+    if isinstance(d, Location):
+        root = d.path.rstrip("/") + "/"
+        names = {f.path[len(root):].split("/", 1)[0] for f in list_files(d)}
+        return [d.child(n) for n in sorted((n for n in names if _STEP_DIR.fullmatch(n)), reverse=True)]
     if not d.is_dir():
         return []
     return sorted((p for p in d.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name)), reverse=True)
@@ -208,34 +263,54 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify(path: str | os.PathLike) -> dict:
+def verify(path: str | os.PathLike | Location) -> dict:
     """The meta of a complete checkpoint; CorruptCheckpoint naming what is wrong otherwise."""
-    p = Path(path)
-    mf = p / META
-    if not mf.is_file():
-        raise CorruptCheckpoint("incomplete (no meta.json)")
+    p = where(path)
+    if isinstance(p, Path):
+        mf = p / META
+        if not mf.is_file():
+            raise CorruptCheckpoint("incomplete (no meta.json)")
+        try:
+            raw = mf.read_bytes()
+        except OSError as e:
+            raise CorruptCheckpoint(f"unreadable meta.json ({e})") from None
+    else:
+        raw = _read(p.child(META))
+        if raw is None:
+            raise CorruptCheckpoint("incomplete (no meta.json)")
+    meta = _parse_meta(raw)
+    for name, info in sorted(meta["files"].items()):
+        f = _child(p, name)
+        if isinstance(f, Path):
+            if not f.is_file():
+                raise CorruptCheckpoint(f"{name} missing")
+            size, sha = f.stat().st_size, None
+        else:
+            data = _read(f)
+            if data is None:
+                raise CorruptCheckpoint(f"{name} missing")
+            size, sha = len(data), hashlib.sha256(data).hexdigest()
+        if size != info.get("bytes"):
+            raise CorruptCheckpoint(f"{name} has {size} bytes, expected {info.get('bytes')} (truncated?)")
+        if (sha or _sha256(f)) != info.get("sha256"):
+            raise CorruptCheckpoint(f"{name} does not match its SHA-256 (corrupt)")
+    return meta
+
+
+def _parse_meta(raw: bytes) -> dict:
     try:
-        meta = json.loads(mf.read_text())
-    except (OSError, ValueError) as e:
+        meta = json.loads(raw)
+    except ValueError as e:
         raise CorruptCheckpoint(f"unreadable meta.json ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("files"), dict):
         raise CorruptCheckpoint("meta.json is not a checkpoint manifest of this version")
     if len(meta["files"]) != meta.get("world"):
         raise CorruptCheckpoint(f"meta.json lists {len(meta['files'])} rank files for {meta.get('world')} ranks")
-    for name, info in sorted(meta["files"].items()):
-        f = p / name
-        if not f.is_file():
-            raise CorruptCheckpoint(f"{name} missing")
-        size = f.stat().st_size
-        if size != info.get("bytes"):
-            raise CorruptCheckpoint(f"{name} has {size} bytes, expected {info.get('bytes')} (truncated?)")
-        if _sha256(f) != info.get("sha256"):
-            raise CorruptCheckpoint(f"{name} does not match its SHA-256 (corrupt)")
     return meta
 
 
-def newest_complete(ckpt_dir: str | os.PathLike,
-                    warn: Callable[[str], None] = log.warning) -> Optional[tuple[Path, dict]]:
+def newest_complete(ckpt_dir: str | os.PathLike | Location,
+                    warn: Callable[[str], None] = log.warning) -> Optional[tuple[Path | Location, dict]]:
     """(path, meta) of the newest complete checkpoint; corrupt or incomplete newer ones are
     skipped with a warning naming them. None when there is none."""
     for p in candidates(ckpt_dir):
@@ -265,15 +340,15 @@ def restore(path: str | os.PathLike, rank: int, model, optimizer, algo, device=N
     ``elapsed_s``, ``metrics``, ``fingerprint``)."""
     import torch
 
-    p = Path(path)
-    meta = json.loads((p / META).read_text())
+    p = where(path)
+    meta = json.loads(_read(_child(p, META)) or b"null") or {}
     name = rank_file(rank)
-    info = meta["files"].get(name)
+    info = (meta.get("files") or {}).get(name)
     if info is None:
         raise CorruptCheckpoint(f"{p}: no state for rank {rank}")
-    data = (p / name).read_bytes()
+    data = _read(_child(p, name)) or b""
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
-        raise CorruptCheckpoint(f"{p / name} does not match its SHA-256")
+        raise CorruptCheckpoint(f"{_child(p, name)} does not match its SHA-256")
     st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     del data
     model.load_state_dict(st["model"])

@@ -20,8 +20,12 @@ where the first launch starts.
 Outputs: ``<output>/metrics.jsonl``, ``summary.json`` (with ``restarts`` and ``resumed_from``),
 ``model.pt`` (written atomically: a failed run leaves no output directory) and checkpoints in
 ``checkpoint_dir`` (default ``<output>-checkpoints``; per-rank files, see ``checkpoint``), which
-survive a failed run so that a resume can continue. The output and checkpoint directories must
-be on a file system every worker can reach (local disk for one machine).
+survive a failed run so that a resume can continue. The checkpoint directory must be reachable
+by every worker: a local disk for one machine, a shared file system or an ``s3://`` prefix for a
+cluster. An ``s3://`` output is staged on the driver's local disk and committed with
+``pipeline.outputs.atomic_output_dir`` (``_COMPLETE`` marker), so rank 0 must run on the
+driver's machine (local launcher, TorchDistributor's local mode, a one-machine Spark). Both
+targets are checked before any work starts (``pipeline.fs.check_writable``).
 
 GPUs: a Horovod-on-Spark worker uses the GPU Spark assigned to its task (``task_gpu``: the
 task's ``gpu`` resource), other workers ``cuda:<local rank>`` among the visible devices
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
+from ..fs import Location, check_writable, exists, location
 from ..outputs import atomic_output_dir, local_path, write_json
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
@@ -52,22 +57,36 @@ from .plan import TrainingPlan
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dir(cfg: TrainConfig) -> Path:
+def checkpoint_dir(cfg: TrainConfig) -> Path | Location:
+    """``checkpoint_dir`` or ``<output>-checkpoints``: a local :class:`Path`, or a
+    :class:`~pipeline.fs.Location` on an object store."""
+    from .checkpoint import where
+
     if cfg.checkpoint_dir:
-        return local_path(cfg.checkpoint_dir)
-    out = local_path(cfg.output)
-    return out.parent / f"{out.name}-checkpoints"
+        return where(cfg.checkpoint_dir)
+    out = location(cfg.output, output=True)
+    return where(out.sibling(f"{out.name}-checkpoints"))
+
+
+def check_targets(cfg: TrainConfig) -> tuple[Location, Path | Location]:
+    """The output and checkpoint locations, checked before any work: an unsupported scheme, a
+    bucket that does not exist, missing credentials or a read-only prefix is one line naming the URI."""
+    final = location(cfg.output, output=True)
+    ck = checkpoint_dir(cfg)
+    for loc in (final, ck):
+        check_writable(location(loc))
+    return final, ck
 
 
 def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
     if cfg.scaling:
-        return str(local_path(cfg.scaling))
+        return str(location(cfg.scaling))
     tried = []
     if source:
-        s = local_path(source)
-        tried = [s / "scaling.json", s.parent / "scaling.json"]
+        s = location(source)
+        tried = [s.child("scaling.json"), s.sibling("scaling.json")]
         for p in tried:
-            if p.is_file():
+            if (Path(p.path).is_file() if p.is_local else exists(p)):
                 return str(p)
     raise BadInputError(f"scaling.json for model {cfg.model!r} not found (tried {', '.join(map(str, tried)) or 'nothing'};"
                         " set scaling=PATH)")
@@ -75,12 +94,15 @@ def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
 
 def make_plan(cfg: TrainConfig) -> dict:
     """Check inputs and compute what every worker follows (all integers known up front)."""
-    from ..data.reader import check_columns, label_count, load_manifest, probe_shape
+    from ..data.reader import check_columns, label_count, load_manifest, probe_shape, shard_dir_exists
 
     man = load_manifest(cfg.manifest)
     m = man.num_workers
     if cfg.workers is not None and cfg.workers != m:
         raise ConfigError(f"invalid config value workers={cfg.workers}: the manifest {man.path} has {m} worker shards")
+    from .algorithms.async_common import check_world
+
+    check_world(cfg.algorithm.name, cfg.algorithm.params, m)
     if cfg.launcher == "local" and m > 1 and cfg.device == "cuda":
         raise ConfigError("invalid config value device='cuda' with launcher=local and several workers: use torch")
     features = features_for(cfg.model)
@@ -89,7 +111,7 @@ def make_plan(cfg: TrainConfig) -> dict:
     if "test" not in man.eval:
         raise BadInputError(f"{man.path}: manifest has no eval.test path")
     for split, path in man.eval.items():
-        if not local_path(path).is_dir():
+        if not shard_dir_exists(path):
             raise BadInputError(f"{man.path}: eval.{split} directory not found: {path}")
         check_columns(path, features)
     min_rows = min(w.rows for w in man.workers)
@@ -137,7 +159,7 @@ def _validated_plan(manifest: str, fields: dict) -> dict:
 def plan_train(cfg: TrainConfig) -> dict:
     """``--dry-run``: inputs, outputs and the step plan, without starting Spark or workers."""
     plan = make_plan(cfg)
-    return {"inputs": [plan["manifest"]], "outputs": [str(local_path(cfg.output)), str(checkpoint_dir(cfg))],
+    return {"inputs": [plan["manifest"]], "outputs": [str(location(cfg.output, output=True)), str(checkpoint_dir(cfg))],
             "launcher": cfg.launcher, **{k: plan[k] for k in ("workers", "steps_per_epoch", "overlap_epochs",
                                                                "total_steps", "eval_every", "warmup_steps")}}
 
@@ -341,13 +363,13 @@ def train(cfg: TrainConfig, spark=None) -> dict:
     A lost worker is relaunched from the newest complete checkpoint (``restart.supervise``)."""
     from . import checkpoint, restart
 
-    cfg = cfg.model_copy(update={"manifest": str(local_path(cfg.manifest))})
+    final, ck = check_targets(cfg)
+    cfg = cfg.model_copy(update={"manifest": str(location(cfg.manifest))})
     plan = make_plan(cfg)
-    ck = checkpoint_dir(cfg)
-    ck.mkdir(parents=True, exist_ok=True)
+    if isinstance(ck, Path):
+        ck.mkdir(parents=True, exist_ok=True)
     fp = checkpoint.fingerprint(cfg, plan["workers"])
     start = restart.start_checkpoint(cfg, ck, fp)  # refuses a changed config before any worker starts
-    final = local_path(cfg.output)
     log.info("training %s with %s on %d workers (%s): %d steps, %d pass(es) over each shard, validation every %d",
              cfg.model, cfg.algorithm.name, plan["workers"], cfg.launcher, plan["total_steps"],
              plan["overlap_epochs"], plan["eval_every"])
@@ -367,7 +389,7 @@ def train(cfg: TrainConfig, spark=None) -> dict:
     return summary
 
 
-def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Path, ck: Path, seconds: float) -> dict:
+def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, seconds: float) -> dict:
     return {
         "test_accuracy": r0["test_accuracy"], "test_loss": r0["test_loss"], "auc": r0["auc"],
         "model": cfg.model, "algorithm": cfg.algorithm.name, "launcher": cfg.launcher,
@@ -376,7 +398,7 @@ def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Path, ck: Path, seco
         "train_seconds": r0["train_seconds"], "seconds": seconds, "device": r0["device"],
         "comm": [r["comm"] for r in r0["ranks"]],
         "final_digests": [r["final_digest"] for r in r0["ranks"]],
-        "metrics": str(final / "metrics.jsonl"), "model_path": str(final / "model.pt"),
+        "metrics": str(final.child("metrics.jsonl")), "model_path": str(final.child("model.pt")),
         "checkpoint": (str(r0["checkpoint"]) if r0.get("checkpoint") else None), "checkpoint_dir": str(ck),
         # what some algorithms add: rounds of round-driven runs, <name>_test_accuracy of extra evaluations
         **{k: v for k, v in r0.items() if k == "rounds" or k.endswith("_test_accuracy")},

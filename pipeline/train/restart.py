@@ -109,10 +109,12 @@ def resumes_exactly(cfg) -> bool:
 
 
 # ---------------------------------------------------------------------------- where a run starts
-def start_checkpoint(cfg, ck: Path, expected_fp: dict) -> Optional[Path]:
+def start_checkpoint(cfg, ck, expected_fp: dict):
     """The checkpoint a launch resumes from, per ``cfg.resume``: False -> none (the directory is
     emptied so runs never mix); True -> the newest complete one (ConfigError if its config
-    differs); ``auto`` -> the newest complete one of the same config, else none (emptied)."""
+    differs); ``auto`` -> the newest complete one of the same config, else none (emptied).
+    ``ck`` is a local :class:`Path` or an object-store :class:`~pipeline.fs.Location`
+    (``checkpoint.where``); so is the checkpoint returned."""
     found = checkpoint.newest_complete(ck) if cfg.resume else None
     if cfg.resume == "auto" and found is not None and not checkpoint.matches(found[1], expected_fp):
         log.warning("resume=auto: the checkpoints in %s belong to another config; starting fresh", ck)
@@ -128,12 +130,12 @@ def start_checkpoint(cfg, ck: Path, expected_fp: dict) -> Optional[Path]:
     return found[0]
 
 
-def _empty(ck: Path) -> None:
-    import shutil
-
-    if ck.exists():
-        shutil.rmtree(ck)
-    ck.mkdir(parents=True, exist_ok=True)
+def _empty(ck) -> None:
+    """Remove every checkpoint under ``ck`` (a local directory is recreated empty; an object-store
+    prefix simply has no objects left)."""
+    checkpoint.remove(ck)
+    if isinstance(ck, Path):
+        ck.mkdir(parents=True, exist_ok=True)
 
 
 # ---------------------------------------------------------------------------- the supervisor
@@ -164,8 +166,8 @@ def is_restartable(exc: BaseException) -> bool:
     return not any(n in text for n in _PERMANENT)
 
 
-def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck: Path, expected_fp: dict,
-              start: Optional[Path]) -> tuple[list[dict], list[dict]]:
+def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expected_fp: dict,
+              start) -> tuple[list[dict], list[dict]]:
     """``launch(cfg, resume_from) -> results``, relaunched after a lost worker (see module doc).
     Returns (results of the successful launch, restart records)."""
     restarts: list[dict] = []
