@@ -19,6 +19,11 @@ never touched), and the data arrive in a fixed order whatever the number of deco
   computes on the current batch.
 
 Every row of the shard is yielded exactly once per epoch in both engines.
+
+A shard is a local directory or an object-store prefix (``s3://bucket/key``): a remote shard's
+Parquet files are listed and read in place through :mod:`pyarrow.fs` (:mod:`pipeline.fs` gives
+the filesystem; row groups are fetched by range requests), a local one is opened by path as
+before, so the two give the same batches and the local path pays nothing extra.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from ..errors import BadInputError
-from ..outputs import local_path
+from ..fs import Location, is_dir, list_files, location
 from ..shards.tensors import decode, tensor_spec
 
 #: default in-memory budget: this fraction of the memory available when the reader opens
@@ -59,33 +64,81 @@ class RowGroup:
     rows: int
 
 
-def parquet_files(path: str) -> list[Path]:
-    p = local_path(path)
-    files = sorted(x for x in p.rglob("*.parquet") if not x.name.startswith((".", "_"))) if p.is_dir() else [p]
+def parquet_files(path: str) -> list[str]:
+    """The shard's Parquet files, sorted (names starting with ``.`` or ``_`` skipped): local paths,
+    or ``s3://`` URIs for a shard on an object store. ``path`` may also name one file."""
+    loc = location(path)
+    if loc.is_local:
+        p = Path(loc.path)
+        files = ([str(x) for x in sorted(p.rglob("*.parquet")) if not x.name.startswith((".", "_"))]
+                 if p.is_dir() else [str(p)])
+    elif is_dir(loc):
+        files = [str(f) for f in list_files(loc, ".parquet") if not f.name.startswith((".", "_"))]
+    else:
+        files = [str(loc)]
     if not files:
-        raise BadInputError(f"{p}: no Parquet files")
+        raise BadInputError(f"{loc}: no Parquet files")
     return files
+
+
+def _remote(f: str) -> Optional[Location]:
+    """The location of a shard file on an object store; None for a local file (the fast path)."""
+    return location(f) if "://" in f else None
+
+
+def open_parquet(f: str):
+    """``pq.ParquetFile`` of a local file (opened by path) or of an object-store file (read
+    through pyarrow.fs, with the column chunks of a read fetched together)."""
+    import pyarrow.parquet as pq
+
+    loc = _remote(f)
+    if loc is None:
+        return pq.ParquetFile(f)
+    return pq.ParquetFile(loc.path, filesystem=loc.filesystem(), pre_buffer=True)
+
+
+def read_parquet_table(f: str, columns: Sequence[str]):
+    """The selected columns of one Parquet file, local or on an object store."""
+    import pyarrow.parquet as pq
+
+    loc = _remote(f)
+    if loc is None:
+        return pq.read_table(f, columns=list(columns), use_threads=True)
+    return pq.read_table(loc.path, columns=list(columns), use_threads=True, filesystem=loc.filesystem())
+
+
+def read_parquet_schema(f: str):
+    import pyarrow.parquet as pq
+
+    loc = _remote(f)
+    return pq.read_schema(f) if loc is None else pq.read_schema(loc.path, filesystem=loc.filesystem())
+
+
+def file_stamp(f: str) -> tuple:
+    """(file, mtime, size): what tells a changed file from the one cached."""
+    loc = _remote(f)
+    if loc is None:
+        st = os.stat(f)
+        return f, st.st_mtime_ns, st.st_size
+    info = loc.filesystem().get_file_info(loc.path)
+    return f, info.mtime_ns, info.size
 
 
 def row_groups(path: str) -> list[RowGroup]:
     """Every non-empty row group of the directory, in file order."""
-    import pyarrow.parquet as pq
-
     out = []
     for f in parquet_files(path):
-        md = pq.ParquetFile(f).metadata
-        out += [RowGroup(str(f), i, md.row_group(i).num_rows) for i in range(md.num_row_groups)
+        md = open_parquet(f).metadata
+        out += [RowGroup(f, i, md.row_group(i).num_rows) for i in range(md.num_row_groups)
                 if md.row_group(i).num_rows]
     return out
 
 
 def decoded_bytes(path: str, columns: Sequence[str]) -> int:
     """Uncompressed size of the selected columns, from the Parquet footers (no data read)."""
-    import pyarrow.parquet as pq
-
     total = 0
     for f in parquet_files(path):
-        md = pq.ParquetFile(f).metadata
+        md = open_parquet(f).metadata
         names = [md.schema.column(j).path.split(".")[0] for j in range(md.num_columns)]
         for i in range(md.num_row_groups):
             rg = md.row_group(i)
@@ -162,22 +215,21 @@ class MemoryShard:
     def load(cls, path: str, columns: Sequence[str]) -> "MemoryShard":
         """Decode the whole directory once (Arrow decodes with its own threads); later calls with
         the same directory, columns and unchanged files return the cached copy."""
-        import pyarrow.parquet as pq
-
         files = parquet_files(path)
-        key = (str(local_path(path)), tuple(columns),
-               tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files))
+        key = (str(location(path)), tuple(columns), tuple(file_stamp(f) for f in files))
         hit = cls._cache.get(key)
         if hit is not None:
             return hit
         parts = []
         for f in files:
             try:
-                t = pq.read_table(f, columns=list(columns), use_threads=True)
+                t = read_parquet_table(f, columns)
+            except BadInputError:
+                raise
             except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
                 raise BadInputError(f"{f}: unreadable Parquet ({str(e).splitlines()[0]})") from None
             if t.num_rows:
-                parts.append(decode_table(t, columns, str(f)))
+                parts.append(decode_table(t, columns, f))
         if not parts:
             raise BadInputError(f"{path}: the shard has no rows")
         shard = cls(_concat(parts))
@@ -214,11 +266,9 @@ class StreamShard:
         self._local = threading.local()
 
     def _read(self, g: RowGroup) -> dict:
-        import pyarrow.parquet as pq
-
         files = self._local.__dict__.setdefault("files", {})
         try:
-            pf = files.get(g.file) or files.setdefault(g.file, pq.ParquetFile(g.file))
+            pf = files.get(g.file) or files.setdefault(g.file, open_parquet(g.file))
             t = pf.read_row_group(g.index, columns=self.columns, use_threads=False)
         except BadInputError:
             raise

@@ -22,7 +22,6 @@ Features (``image`` | ``hlf`` | ``llf`` | ``inclusive``):
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -30,7 +29,7 @@ import numpy as np
 from ..errors import BadInputError
 from ..features.layout import N_HLF, N_LLF_FEATURES, N_PARTICLES
 from ..outputs import local_path
-from ..shards.manifest import ShardManifest, WorkerShard, load_manifest  # noqa: F401 - the reader's manifest API
+from ..shards.manifest import ShardManifest, WorkerShard, load_manifest, shard_dir_exists  # noqa: F401 - the reader's manifest API
 FEATURE_COLUMNS = {
     "image": ["image", "height", "width", "channels", "label"],
     "hlf": ["hlf", "label"],
@@ -115,15 +114,14 @@ def check_columns(path: str, features: str, extra: Sequence[str] = ()) -> None:
     """BadInputError naming the file and column when a part of a shard is unreadable, lacks a
     column the model needs (or one of ``extra``) or has a non-integer label."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    p = local_path(path)
-    files = sorted(x for x in p.rglob("*.parquet")) if p.is_dir() else [p]
-    if not files:
-        raise BadInputError(f"{p}: no Parquet files")
-    for f in files:  # every part: a later one may be the broken one
+    from .loader import parquet_files, read_parquet_schema
+
+    for f in parquet_files(path):
         try:
-            schema = pq.read_schema(f)
+            schema = read_parquet_schema(f)
+        except BadInputError:
+            raise
         except Exception as e:  # noqa: BLE001 - corrupt file
             raise BadInputError(f"{f}: unreadable Parquet ({type(e).__name__})") from None
         names = set(schema.names)
@@ -229,21 +227,19 @@ def read_all(path: str, features: str, scaling: Optional[dict] = None, batch_siz
 
 
 def count_rows(path: str) -> int:
-    import pyarrow.parquet as pq
+    from .loader import open_parquet, parquet_files
 
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(Path(local_path(path)).rglob("*.parquet")))
+    return sum(open_parquet(f).metadata.num_rows for f in parquet_files(path))
 
 
 def probe_shape(path: str, features: str) -> dict:
     """Input shape facts the model builder needs (image H/W/C, number of classes is separate)."""
-    import pyarrow.parquet as pq
+    from .loader import open_parquet, parquet_files
 
-    files = sorted(Path(local_path(path)).rglob("*.parquet"))
-    if not files:
-        raise BadInputError(f"{path}: no Parquet files")
+    files = parquet_files(path)
     if features != "image":
         return {}
-    t = pq.ParquetFile(files[0]).read_row_group(0, columns=["height", "width", "channels"])
+    t = open_parquet(files[0]).read_row_group(0, columns=["height", "width", "channels"])
     return {"height": int(t.column("height")[0].as_py()), "width": int(t.column("width")[0].as_py()),
             "channels": int(t.column("channels")[0].as_py())}
 
@@ -251,12 +247,13 @@ def probe_shape(path: str, features: str) -> dict:
 def label_count(paths: Sequence[str]) -> int:
     """1 + the largest label found in the given directories (number of classes)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+
+    from .loader import parquet_files, read_parquet_table
 
     mx = 0
     for path in paths:
-        for f in sorted(Path(local_path(path)).rglob("*.parquet")):
-            col = pq.read_table(f, columns=["label"]).column("label")
+        for f in parquet_files(path):
+            col = read_parquet_table(f, ["label"]).column("label")
             if len(col):
                 mx = max(mx, int(pc.max(col).as_py()))
     return mx + 1

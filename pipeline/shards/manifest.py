@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from ..errors import BadInputError
-from ..outputs import local_path
+from ..fs import Location, exists, is_dir, location, read_bytes
+from ..outputs import require_complete
 
 MANIFEST_FORMAT = "hep-pipeline-shards/1"
 MANIFEST_NAME = "manifest.json"
@@ -44,7 +46,7 @@ class WorkerShard(_Strict):
     """One worker's directory of Parquet files (row groups of ``row_group_rows`` rows)."""
 
     worker: int = Field(ge=0, description="worker index, 0..M-1, equal to the position in the list")
-    path: str = Field(description="absolute path of the worker's Parquet directory")
+    path: str = Field(description="the worker's Parquet directory: an absolute path or an s3:// URI")
     files: list[str] = Field(default_factory=list, description="the directory's Parquet file names")
     rows: int = Field(ge=1, description="number of rows (training samples held by the worker)")
     sample_ids: list[tuple[int, int]] = Field(default_factory=list,
@@ -119,20 +121,39 @@ def _first_error(e: ValidationError) -> str:
 
 def load_manifest(path: str) -> ShardManifest:
     """Read and check a shard manifest: the model, then every worker and eval directory exists.
-    BadInputError names the file and the offending key."""
-    p = local_path(path)
-    if not p.is_file():
-        raise BadInputError(f"shard manifest not found: {p}")
+    BadInputError names the file and the offending key.
+
+    ``path`` is a local path or an ``s3://`` URI; on an object store the shard prefix holding the
+    manifest must carry the completion marker of a committed output
+    (:func:`pipeline.outputs.require_complete`), and the worker and eval paths it lists are URIs
+    on the same store.
+    """
+    loc = location(path)
+    if loc.is_local:
+        if not Path(loc.path).is_file():
+            raise BadInputError(f"shard manifest not found: {loc}")
+    else:
+        require_complete(str(Location(loc.scheme, posixpath.dirname(loc.path))), "shard directory")
+        if not exists(loc):
+            raise BadInputError(f"shard manifest not found: {loc}")
     try:
-        raw = json.loads(p.read_text())
+        raw = json.loads(read_bytes(loc))
     except json.JSONDecodeError as e:
-        raise BadInputError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise BadInputError(f"{loc}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise BadInputError(f"{loc}: not valid JSON (not UTF-8 text)") from None
     try:
         man = ShardManifest.model_validate(raw)
     except ValidationError as e:
-        raise BadInputError(f"{p}: {_first_error(e)}") from None
+        raise BadInputError(f"{loc}: {_first_error(e)}") from None
     for w in man.workers:
-        if not local_path(w.path).is_dir():
-            raise BadInputError(f"{p}: shard directory of worker {w.worker} not found: {w.path}")
-    man._path = str(p)
+        if not shard_dir_exists(w.path):
+            raise BadInputError(f"{loc}: shard directory of worker {w.worker} not found: {w.path}")
+    man._path = str(loc)
     return man
+
+
+def shard_dir_exists(path: str) -> bool:
+    """A worker or eval directory of the manifest exists (a local directory or a non-empty prefix)."""
+    loc = location(path)
+    return Path(loc.path).is_dir() if loc.is_local else is_dir(loc)

@@ -34,9 +34,24 @@ How the single pass works:
    files, row count, sample ids as sorted inclusive ranges, shuffle seed and household /
    neighbourhood group.
 
-Everything is written into a temporary sibling of ``output`` that replaces it only when complete
-(:func:`pipeline.outputs.atomic_output_dir`); Spark's tasks write to the same local/shared file
-system as the driver (local paths only, like every output of the pipeline).
+Everything is written through :func:`pipeline.outputs.atomic_output_dir`, so ``output`` is replaced
+only when complete:
+
+* a local path (or ``file://``): the tasks write into a temporary sibling directory, renamed into
+  place at the end;
+* an ``s3://bucket/prefix``: the target is checked before any work (bucket, credentials, write
+  permission: one line, exit code 2, nothing written); the tasks write into a local staging
+  directory, which is uploaded under a temporary prefix, moved into place and committed with the
+  ``_COMPLETE`` marker that readers check (:func:`pipeline.shards.manifest.load_manifest`). The
+  manifest then lists the worker and eval directories as ``s3://`` URIs, which training reads in
+  place (:mod:`pipeline.data.loader`).
+
+The writer tasks write with plain file I/O into the driver's staging directory, so they must share
+the driver's disk: true for a local master (``local[*]``, ``local-cluster[...]``), which is what
+runs here. A multi-node cluster would need either the tasks writing their files directly under the
+temporary prefix through :mod:`pyarrow.fs` (the commit then moves them and writes the marker) or a
+staging directory on a filesystem every node mounts; until one of these exists an ``s3://`` output
+with a non-local master is refused before any work (:func:`check_staging`).
 """
 from __future__ import annotations
 
@@ -52,6 +67,7 @@ from pydantic import Field
 
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
+from ..fs import Location, check_writable, location
 from ..outputs import atomic_output_dir, local_path, require_exists, uri
 from ..schemas import parquet_schema
 from ..spark import spark_task
@@ -71,7 +87,8 @@ class ShardConfig(StageConfig):
     """Config of the shard stage (``jobs/shard.py``, defaults in ``configs/shard.yaml``)."""
 
     input: str = Field("runs/images/dataset", description="input Parquet dataset (needs sample_id and split)")
-    output: str = Field("runs/shards", description="output directory (replaced atomically)")
+    output: str = Field("runs/shards", description="output directory or s3://bucket/prefix (replaced atomically; "
+                                                   "docs/storage.md)")
     scheme: Literal["disjoint", "full_overlap", "coarse", "medium_coarse", "fine_grained", "households",
                     "neighbourhoods"] = Field("disjoint", description="assignment scheme: " + ", ".join(SCHEMES))
     workers: int = Field(2, gt=0, description="number of workers M")
@@ -104,11 +121,20 @@ def worker_dir_name(i: int, workers: int) -> str:
 def plan_shard(cfg: ShardConfig) -> dict:
     """Inputs/outputs of a run, for ``--dry-run`` (checks the layout; no Spark, no data read)."""
     layout = cfg.layout()
-    out = local_path(cfg.output)
+    out = location(cfg.output, output=True)
     return {"input": str(local_path(cfg.input)), "output": str(out), "layout": layout.to_manifest(),
-            "workers": [str(out / worker_dir_name(i, layout.workers)) for i in range(layout.workers)],
-            "eval": {s: str(out / "eval" / s) for s in EVAL_SPLITS},
-            "manifest": str(out / MANIFEST_NAME)}
+            "workers": [str(out.child(worker_dir_name(i, layout.workers))) for i in range(layout.workers)],
+            "eval": {s: str(out.child("eval", s)) for s in EVAL_SPLITS},
+            "manifest": str(out.child(MANIFEST_NAME))}
+
+
+def check_staging(master: str, out: Location) -> None:
+    """The writer tasks write into the driver's local staging directory: an object-store output
+    needs them on the driver's machine (a local master). ConfigError otherwise."""
+    if not out.is_local and not master.startswith("local"):
+        raise ConfigError(f"output={out}: the shard stage writes an object-store output through the driver's "
+                          f"local staging directory, which the executors of spark.master={master} cannot reach; "
+                          "write to a shared filesystem path instead")
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -402,9 +428,12 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
     t0 = time.time()
     layout = cfg.layout()
     in_path = require_exists(cfg.input)
-    out = local_path(cfg.output)
-    if out == in_path or in_path in out.parents or out in in_path.parents:
-        raise ConfigError(f"output={out} overlaps input={in_path}")
+    out = location(cfg.output, output=True)
+    if out.is_local:
+        o = Path(out.path)
+        if o == in_path or in_path in o.parents or o in in_path.parents:
+            raise ConfigError(f"output={out} overlaps input={in_path}")
+    check_writable(out)   # an object store: bucket, credentials, write permission, before any work
     schema = _check_input(in_path)
     tensors = _tensor_columns(in_path, schema, cfg.tensor_columns)
     ids, splits = _read_keys(in_path)
@@ -424,6 +453,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
              layout.copies, N, ", ".join(f"{s} {len(v)}" for s, v in eval_ids.items()), time.time() - t1)
 
     spark = spark or get_spark(cfg.spark)
+    check_staging(spark.sparkContext.master, out)
     dirs = [worker_dir_name(i, M) for i in range(M)] + [f"eval/{s}" for s in eval_names]
     expected = np.array([len(m) for m in assignment.members] + [len(v) for v in eval_ids.values()], np.int64)
     tasks = max(1, min(len(dirs), cfg.write_tasks or spark.sparkContext.defaultParallelism))
@@ -463,9 +493,9 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
 
         manifest = ShardManifest(
             source=str(in_path), layout=LayoutSpec(**layout.to_manifest()), n_train_samples=N,
-            row_group_rows=cfg.row_group_rows, eval={s: str(out / "eval" / s) for s in eval_names},
+            row_group_rows=cfg.row_group_rows, eval={s: str(out.child("eval", s)) for s in eval_names},
             tensors={c: TensorSpec(dtype=d, length=k) for c, (d, k) in tensors.items()},
-            workers=[WorkerShard(worker=i, path=str(out / dirs[i]), files=sorted(files[i]), rows=int(rows[i]),
+            workers=[WorkerShard(worker=i, path=str(out.child(dirs[i])), files=sorted(files[i]), rows=int(rows[i]),
                                  sample_ids=id_ranges(train_ids[assignment.members[i]]),
                                  seed=assignment.seeds[i], group=assignment.groups[i]) for i in range(M)])
         manifest.write(tmp / MANIFEST_NAME)
