@@ -220,3 +220,71 @@ def test_eawild_centre_and_workers_converge_to_a_common_point(locked):
         xr, cr = _replay(r0["x0"], r0["x0"][0], order, alpha)
         np.testing.assert_allclose(x, xr, rtol=0, atol=1e-12)
         np.testing.assert_allclose(c, cr, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- EA-wild groups
+def _eawild_grouped(rank, world, group_size, tau, alpha, rounds, round_steps, round_s, slow):
+    """EAWild itself (the world communicator, the group allreduce, the holder) on one vector, no gradients."""
+    from pipeline.train.algorithms.eawild import EAWild
+    from pipeline.train.comm.torch_dist import TorchDistCommunicator
+
+    comm = TorchDistCommunicator()
+    x = torch.nn.Parameter(_vector(rank))
+    alg = EAWild([x], torch.optim.SGD([x], lr=0.0), comm, tau=tau, alpha=alpha, group_size=group_size,
+                 round_steps=round_steps, round_seconds=round_s, timeout_s=30)
+    x0 = _gather(x.detach().clone(), world)
+    for _ in range(rounds):
+        while True:
+            alg.step()
+            time.sleep(0.01 if rank == slow else 0.002)
+            if alg.round_finished:
+                break
+    xs = _gather(x.detach().clone(), world)
+    c = alg.centre_flat().numpy()
+    holder = alg.holder
+    out = {"x0": x0, "x": xs, "c": c, "steps": alg.step_count, "pushes": alg.stats.exchanges,
+           "order": None if holder is None else list(holder.order),
+           "served": None if holder is None else (holder.server is not None)}
+    alg.close()
+    return out
+
+
+def test_eawild_groups_reach_a_common_point_with_the_centre():
+    """M = 4 in groups of 2 (time-mode rounds, one slow member): only the leaders 0 and 2 push, each
+    group's members stay in step (same step count, same model), and all meet the centre."""
+    world = 4
+    out = run_procs(_eawild_grouped, world, 2, 1, 0.2, 3, 40, 0.4, 3)
+    assert all(err is None for _, err in out.values()), out
+    r0 = out[0][0]
+    steps = [out[r][0]["steps"] for r in range(world)]
+    pushes = [out[r][0]["pushes"] for r in range(world)]
+    assert steps[0] == steps[1] and steps[2] == steps[3], steps  # synchronous within a group
+    assert steps[2] < steps[0], steps  # the group with the slow member is slower, the other does not wait
+    assert pushes[1] == pushes[3] == 0 and pushes[0] == steps[0] and pushes[2] == steps[2], (pushes, steps)
+    assert sorted(set(r0["order"])) == [0, 2] and [r0["order"].count(r) for r in (0, 2)] == [pushes[0], pushes[2]]
+    spread0 = float(np.abs(r0["x0"] - r0["x0"].mean(0)).max())
+    assert spread0 > 1
+    x, c = r0["x"], r0["c"]
+    np.testing.assert_allclose(x[1], x[0], rtol=0, atol=1e-12)  # a group leaves every exchange as one model
+    np.testing.assert_allclose(x[3], x[2], rtol=0, atol=1e-12)
+    assert float(np.abs(x - c).max()) < 1e-3 * spread0, np.abs(x - c).max()
+
+
+def test_eawild_one_group_of_all_workers_is_one_pusher():
+    """group_size = M: rank 0 alone updates the centre (in memory, no serving thread), once per tau steps."""
+    world, tau, alpha, rounds, h = 3, 2, 0.3, 3, 6
+    out = run_procs(_eawild_grouped, world, world, tau, alpha, rounds, h, None, -1)
+    assert all(err is None for _, err in out.values()), out
+    r0 = out[0][0]
+    assert [out[r][0]["steps"] for r in range(world)] == [rounds * h] * world
+    assert r0["order"] == [0] * (rounds * h // tau) and r0["served"] is False
+    assert [out[r][0]["pushes"] for r in range(world)] == [rounds * h // tau, 0, 0]
+    x, c, x0 = r0["x"], r0["c"], r0["x0"]
+    # replay: x <- (1 - a) mean(x) + a c;  c <- c + a (x - c), from c = rank 0's start
+    xm, cr = x0.mean(0), x0[0].copy()
+    for _ in range(rounds * h // tau):
+        xm = (1 - alpha) * xm + alpha * cr
+        cr = cr + alpha * (xm - cr)
+    np.testing.assert_allclose(x, np.stack([xm] * world), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(c, cr, rtol=0, atol=1e-9)
+    assert float(np.abs(x[0] - c).max()) < 0.01 * float(np.abs(x0.mean(0) - x0[0]).max())

@@ -45,6 +45,7 @@ CASES = {
     "adpsgd": {"name": "adpsgd", "params": ROUND},
     "eawild": {"name": "eawild", "params": ROUND},
     "easgd_locked": {"name": "eawild", "params": {**ROUND, "lock": True}},
+    "eawild_groups": {"name": "eawild", "params": {**ROUND, "group_size": 2}},
     "async_ps": {"name": "async_ps", "params": ROUND},
     "slowmo_adpsgd": {"name": "slowmo", "params": {"base": "adpsgd", "base_params": ROUND, "tau": 2, "beta": 0.2}},
     "slowmo_eawild_noavg": {"name": "slowmo", "params": {"base": "eawild", "base_params": ROUND, "tau": 2,
@@ -71,6 +72,26 @@ def test_async_algorithm_reaches_arsgd_accuracy_after_the_same_samples(case, dig
         assert any(r["consensus_distance"] > 0 for r in val)
     if "eawild" in case or case == "easgd_locked":
         assert s.get("centre_test_accuracy", 0) > 0.8, s.get("centre_test_accuracy")
+    if case == "eawild_groups":  # only the group leaders 0 and 2 push: the members' averaging rate is 0
+        rates = [r["averaging_rate"] for r in val]
+        assert all(a[1] == a[3] == 0 and a[0] > 0 and a[2] > 0 for a in rates), rates
+
+
+def test_eawild_group_size_must_divide_the_workers(tmp_path, capsys):
+    from jobs.train import main as train_main
+    from pipeline.train.algorithms.async_common import check_world
+
+    man = write_digit_shards(tmp_path / "shards", workers=4, n_train=256, n_test=64, n_val=64)
+    out = tmp_path / "out"
+    rc = train_main(["--manifest", str(man), "--output", str(out), "--launcher", "local",
+                     "--set", "algorithm.name=eawild", "--set", "algorithm.params.group_size=3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "group_size=3" in err[0] and "4 workers" in err[0], err
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="group_size=8"):  # also under SlowMo
+        check_world("slowmo", {"base": "eawild", "base_params": {"group_size": 8}}, 4)
+    check_world("slowmo", {"base": "eawild", "base_params": {"group_size": 2}}, 4)
+    check_world("eawild", {"group_size": 4}, 4)
 
 
 def test_async_algorithms_are_refused_under_horovod_in_one_line():

@@ -55,16 +55,39 @@ ASYNC_ALGORITHMS = ("adpsgd", "eawild", "async_ps")
 ASYNC_LAUNCHERS = ("torch", "local")
 
 
+def base_algorithm(name: str, params: Optional[dict]) -> tuple[str, dict]:
+    """The algorithm under any SlowMo wrappers and its parameters."""
+    base, params = name, params or {}
+    while base == "slowmo":
+        base, params = params.get("base", "local_sgd"), params.get("base_params", {}) or {}
+    return base, params
+
+
 def check_launcher(name: str, params: dict, launcher: str) -> None:
     """Refuse an asynchronous algorithm (also as SlowMo's base) under a launcher without
     torch.distributed point to point, in one line naming the algorithm and the launchers."""
-    base = name
-    while base == "slowmo":
-        params = params or {}
-        base, params = params.get("base", "local_sgd"), params.get("base_params", {})
+    base, params = base_algorithm(name, params)
     if base in ASYNC_ALGORITHMS and launcher not in ASYNC_LAUNCHERS:
         raise ConfigError(f"invalid config value launcher={launcher!r} for algorithm {base!r}: the asynchronous "
                           f"algorithms need torch.distributed point-to-point messages; use {TORCH_LAUNCHERS}")
+
+
+def check_group_size(group_size, world: int) -> None:
+    """EA-wild's groups must split the workers evenly: one line naming the value otherwise."""
+    try:
+        g = int(group_size)
+    except (TypeError, ValueError):
+        g = 0
+    if g < 1 or world % g:
+        raise ConfigError(f"invalid config value algorithm.params.group_size={group_size!r}: it must be a positive "
+                          f"divisor of the {world} workers")
+
+
+def check_world(name: str, params: Optional[dict], world: int) -> None:
+    """Checks of an asynchronous algorithm's parameters against the number of workers (at planning)."""
+    base, params = base_algorithm(name, params)
+    if base == "eawild" and "group_size" in params:
+        check_group_size(params["group_size"], world)
 
 
 def require_torch_distributed(name: str, comm) -> None:

@@ -23,6 +23,16 @@ asynchronous parameter server (``async_ps``), which pushes gradients instead of 
 Rounds end as described in :mod:`.async_common`: each non-holder sends END; the holder serves
 until it heard END (or LEAVE) from all. The final model is the world average of the workers
 (the round loop's last average); the centre is evaluated too (:meth:`EAWild.evaluation_tensors`).
+
+Grouping (the seed's option; ``group_size`` G > 1, M divisible by G): ranks ``[gG, (g+1)G)`` form
+group g and are synchronous: every ``tau`` local steps the group averages its models in one
+allreduce on its own process group, and only its leader (rank ``gG``) talks to the centre. The
+leader folds the elastic move into that allreduce (it contributes ``G alpha c_l`` on top of the
+members' ``(1 - alpha) x_i``), so the whole group leaves it at ``x <- (1 - alpha) mean_i(x_i) +
+alpha c_l`` and the leader pushes that. G = 1 is EA-wild as above; G = M is one pusher (rank 0, in
+memory) with an allreduce of all workers. In time mode a grouped round ends only at an exchange,
+when the clock of any group member says so (a flag carried in the same allreduce), so the members
+always take the same number of steps.
 """
 from __future__ import annotations
 
@@ -36,8 +46,8 @@ from pydantic import Field
 
 from ..comm.p2p import ACQUIRE, END, LEAVE, PUSH, P2PChannel, PeerError
 from . import BuildContext, Spec
-from .async_common import (AsyncAlgorithm, AsyncParams, AsyncStats, RoundServer, copy_flat_, exchanged_tensors,
-                           flat_copy)
+from .async_common import (AsyncAlgorithm, AsyncParams, AsyncStats, RoundServer, check_group_size, copy_flat_,
+                           exchanged_tensors, flat_copy)
 
 
 class FairLock:
@@ -66,16 +76,18 @@ class FairLock:
 Rule = Callable[[torch.Tensor, torch.Tensor], None]  # rule(c, payload): update c in place
 
 
-def centre_pairs(world: int) -> list[tuple[int, int]]:
-    """The channels of a centre on rank 0: (0, j) for every other rank."""
-    return [(0, j) for j in range(1, world)]
+def centre_pairs(world: int, group_size: int = 1) -> list[tuple[int, int]]:
+    """The channels of a centre on rank 0: (0, j) for every other rank that pushes (every
+    other rank; with groups of ``group_size``, every other group leader)."""
+    return [(0, j) for j in range(group_size, world, group_size)]
 
 
 class CentreHolder:
     """The centre ``c`` on rank 0 and its serving threads (one per other rank)."""
 
     def __init__(self, channel: Optional[P2PChannel], c0: torch.Tensor, rule: Rule, payload_numel: int,
-                 locked: bool = False, stats: Optional[AsyncStats] = None) -> None:
+                 locked: bool = False, stats: Optional[AsyncStats] = None,
+                 clients: Optional[list[int]] = None) -> None:
         self.ch, self.c, self.rule, self.locked = channel, c0.clone(), rule, bool(locked)
         self.payload_numel = int(payload_numel)
         self.stats = stats or AsyncStats()
@@ -85,7 +97,9 @@ class CentreHolder:
         self.order: list[int] = []  # rank of every applied push, in order
         self._pulled: dict[int, int] = {}
         self.round = 0
-        remotes = list(range(1, channel.world_size)) if channel is not None else []
+        if clients is None:
+            clients = list(range(1, channel.world_size)) if channel is not None else []
+        remotes = list(clients)
         self.server = RoundServer(channel, remotes, self._handle, "centre-holder") if remotes else None
 
     # -- the centre (any thread)
@@ -220,6 +234,8 @@ class EAWildParams(AsyncParams):
     alpha: Optional[float] = Field(None, gt=0, lt=1, description="moving rate (default 0.1 when rho is not given)")
     rho: Optional[float] = Field(None, gt=0, description="elastic coefficient: alpha = lr * rho")
     lock: bool = Field(False, description="locked asynchronous EASGD (pull-update-push atomic) instead of EA-wild")
+    group_size: int = Field(1, ge=1, description="workers per synchronous group (one leader pushes); divides the "
+                                                 "number of workers; 1 = no grouping")
 
     @model_validator(mode="after")
     def _one(self):
@@ -234,12 +250,21 @@ class CentreAlgorithm(AsyncAlgorithm):
     rule: Rule = staticmethod(elastic_rule)
     locked = False
 
-    def __init__(self, params, optimizer, comm, averager=None, **kw) -> None:
+    def __init__(self, params, optimizer, comm, averager=None, *, group_size: int = 1, **kw) -> None:
         super().__init__(params, optimizer, comm, **kw)
         self.tensors = exchanged_tensors(self.params, averager)
         self.numel = sum(t.numel() for t in self.tensors)
         self.dtype = self.tensors[0].dtype
-        self.channel = P2PChannel(centre_pairs(comm.world_size), self.timeout_s) if comm.world_size > 1 else None
+        m = comm.world_size
+        check_group_size(group_size, m)
+        self.group_size = int(group_size)
+        self.leader = comm.rank - comm.rank % self.group_size  # the rank of this group that talks to the centre
+        self.clients = [j for _, j in centre_pairs(m, self.group_size)]
+        self.channel = P2PChannel(centre_pairs(m, self.group_size), self.timeout_s) if m > 1 else None
+        self.group = None
+        if self.group_size > 1:  # every rank creates every group, in order (a world collective)
+            groups = [comm.new_group(range(g, g + self.group_size)) for g in range(0, m, self.group_size)]
+            self.group = groups[comm.rank // self.group_size]
         self.holder: Optional[CentreHolder] = None
         self.link: Optional[CentreLink] = None
 
@@ -250,8 +275,10 @@ class CentreAlgorithm(AsyncAlgorithm):
         if self.link is None:  # first round: the centre starts from the (broadcast) initial model
             c0 = flat_copy(self.tensors)
             if self.comm.rank == 0:
-                self.holder = CentreHolder(self.channel, c0, self.rule, self.payload_numel(), self.locked, self.stats)
-            self.link = CentreLink(self.channel, self.holder, self.numel, self.dtype, self.stats)
+                self.holder = CentreHolder(self.channel, c0, self.rule, self.payload_numel(), self.locked, self.stats,
+                                           clients=self.clients)
+            pushes = self.comm.rank == self.leader  # a group member (not leader) never talks to the centre
+            self.link = CentreLink(self.channel if pushes else None, self.holder, self.numel, self.dtype, self.stats)
             self.pulled = c0
         self.link.begin_round()
 
@@ -284,8 +311,9 @@ class EAWild(CentreAlgorithm):
     name = "eawild"
 
     def __init__(self, params, optimizer, comm, averager=None, *, tau: int = 1, alpha: Optional[float] = None,
-                 rho: Optional[float] = None, lock: bool = False, **kw) -> None:
-        super().__init__(params, optimizer, comm, averager, **kw)
+                 rho: Optional[float] = None, lock: bool = False, group_size: int = 1, **kw) -> None:
+        super().__init__(params, optimizer, comm, averager, group_size=group_size, **kw)
+        self._group_due = False
         self.tau, self.rho, self.locked = int(tau), rho, bool(lock)
         self._alpha = 0.1 if alpha is None and rho is None else alpha
 
@@ -301,11 +329,21 @@ class EAWild(CentreAlgorithm):
         if self.comm.world_size == 1 or (self.step_count + 1) % self.tau:
             return
         a = self.alpha
-        if self.locked:
-            self.pulled = self._timed(lambda: self.link.locked_update(lambda c: self._elastic(c, a)))
+        elastic = self._elastic if self.group is None else self._group_elastic
+        if self.comm.rank != self.leader:
+            elastic(None, a)  # a group member: the group's allreduce only
+        elif self.locked:
+            self.pulled = self._timed(lambda: self.link.locked_update(lambda c: elastic(c, a)))
         else:
-            payload = self._elastic(self.pulled, a)
+            payload = elastic(self.pulled, a)
             self.pulled = self._timed(lambda: self.link.push(payload))
+
+    def _round_due(self) -> bool:
+        """Grouped time-mode rounds end at an exchange that any member's clock asked for."""
+        if self.group is None or self.round_seconds is None:
+            return super()._round_due()
+        due, self._group_due = self._group_due, False
+        return due
 
     def extra_evaluations(self) -> dict[str, list[torch.Tensor]]:
         """The centre is scored too (summary ``centre_test_accuracy``); the final model is the average."""
@@ -316,6 +354,27 @@ class EAWild(CentreAlgorithm):
         with self.lock:
             x = flat_copy(self.tensors)
             x.add_(x - c.to(x.dtype), alpha=-a)
+            copy_flat_(self.tensors, x)
+        return torch.cat([x, torch.tensor([a], dtype=x.dtype)])
+
+    def _group_elastic(self, c: Optional[torch.Tensor], a: float) -> torch.Tensor:
+        """One allreduce of the group: x <- (1 - a) mean(x_i) + a c (c: the leader's pulled centre);
+        returns the push payload [x, a]. Carries the time-mode round flag (any member due)."""
+        import time
+
+        g = self.group_size
+        due = self.round_seconds is not None and time.perf_counter() - self._round_t0 >= self.round_seconds
+        with self.lock:
+            x = flat_copy(self.tensors)
+        v = torch.cat([x * (1 - a), torch.tensor([g * float(due)], dtype=x.dtype)])
+        if c is not None:
+            v[:-1].add_(c.to(x.dtype), alpha=g * a)
+        v = v.to(self.tensors[0].device)  # the world backend's device (NCCL: the GPU)
+        self._timed(lambda: self.comm.allreduce_mean_([v], group=self.group))
+        v = v.cpu()
+        self._group_due = bool(v[-1] > 0)
+        x = v[:-1]
+        with self.lock:
             copy_flat_(self.tensors, x)
         return torch.cat([x, torch.tensor([a], dtype=x.dtype)])
 
@@ -330,7 +389,7 @@ class EAWild(CentreAlgorithm):
 
 def build(params: EAWildParams, ctx: BuildContext) -> EAWild:
     return EAWild(ctx.model.parameters(), ctx.optimizer, ctx.comm, ctx.policy, tau=params.tau, alpha=params.alpha,
-                  rho=params.rho, lock=params.lock, round_steps=params.round_steps,
+                  rho=params.rho, lock=params.lock, group_size=params.group_size, round_steps=params.round_steps,
                   round_seconds=params.round_seconds, timeout_s=params.timeout_s)
 
 
