@@ -197,3 +197,20 @@ def test_an_object_store_output_needs_the_driver_disk():
     check_staging("spark://head:7077", fs.location("/shared/shards"))
     with pytest.raises(ConfigError, match="s3://bucket/shards.*spark.master=spark://head:7077"):
         check_staging("spark://head:7077", out)
+
+
+def test_scaling_file_is_read_from_the_object_store(s3):
+    from pipeline.data.reader import load_scaling
+    from pipeline.features.layout import N_HLF, N_LLF_FEATURES
+    from pipeline.outputs import write_json
+
+    stats = {"hlf": {"mean": [float(i) for i in range(N_HLF)], "std": [2.0] * N_HLF, "count": 5},
+             "llf": {"mean": [0.5] * N_LLF_FEATURES, "std": [1.5] * N_LLF_FEATURES, "count": 7}}
+    uri = f"s3://{s3.bucket}/features/scaling.json"
+    with environment(**s3.env("writer")):
+        write_json(uri, stats)
+    with environment(**s3.env("reader")):
+        got = load_scaling(uri)
+        with pytest.raises(BadInputError, match=f"scaling file not found: s3://{s3.bucket}/features/nope.json"):
+            load_scaling(f"s3://{s3.bucket}/features/nope.json")
+    assert got == {k: {"mean": v["mean"], "std": v["std"]} for k, v in stats.items()}

@@ -22,13 +22,14 @@ Features (``image`` | ``hlf`` | ``llf`` | ``inclusive``):
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from ..errors import BadInputError
 from ..features.layout import N_HLF, N_LLF_FEATURES, N_PARTICLES
-from ..outputs import local_path
+from ..fs import exists, location
 from ..shards.manifest import ShardManifest, WorkerShard, load_manifest, shard_dir_exists  # noqa: F401 - the reader's manifest API
 FEATURE_COLUMNS = {
     "image": ["image", "height", "width", "channels", "label"],
@@ -47,15 +48,15 @@ def epoch_seed(base_seed: int, worker_seed: int, epoch: int) -> int:
 def load_scaling(path: Optional[str]) -> Optional[dict]:
     """The ``scaling.json`` at ``path`` (the :class:`pipeline.features.scaling.ScalingFile`
     contract) as ``{"hlf": {"mean", "std"}, "llf": {"mean", "std"}}``; BadInputError naming the
-    file when it is missing or not valid."""
+    file when it is missing or not valid. A local path or an ``s3://`` URI."""
     if path is None:
         return None
     from ..features.scaling import ScalingModel
 
-    p = local_path(path)
-    if not p.is_file():
-        raise BadInputError(f"scaling file not found: {p}")
-    m = ScalingModel.load(p)
+    loc = location(path)
+    if not (Path(loc.path).is_file() if loc.is_local else exists(loc)):
+        raise BadInputError(f"scaling file not found: {loc}")
+    m = ScalingModel.load(Path(loc.path) if loc.is_local else str(loc))
     return {"hlf": {"mean": m.hlf_mean.tolist(), "std": m.hlf_std.tolist()},
             "llf": {"mean": m.llf_mean.tolist(), "std": m.llf_std.tolist()}}
 
