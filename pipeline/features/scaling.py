@@ -7,9 +7,11 @@ CERN code, which standardised the particles of each event on their own (turning 
 into non-zero values), the LLF statistics are over the *real* particles of all training events
 (rows ``< n_particles``) and padding stays exactly zero after the transform.
 
-``fit`` runs one Spark pass (``mapInArrow``: per partition the count, mean and sum of squared
-deviations of each feature, merged on the driver with Chan's parallel formula), so the LLF
-arrays never reach the driver. The artefact is the contract of the training stage, the pydantic
+The feature stage fits from the per-event partial moments its tasks return with their status
+(:func:`scaling_from_events`: count, mean and sum of squared deviations per event, merged with
+Chan's parallel formula), with no Spark pass of its own. ``FeatureScaler.fit`` fits any
+DataFrame in one Spark pass (``mapInArrow``: the same partial moments per partition, merged on
+the driver), so the LLF arrays never reach the driver. The artefact is the contract of the training stage, the pydantic
 model :class:`ScalingFile`::
 
     {"hlf": {"mean": [14], "std": [14], "count": N}, "llf": {"mean": [19], "std": [19], "count": M}}
@@ -80,6 +82,16 @@ class Moments:
         mean = x.mean(axis=0)
         return cls(float(len(x)), mean, ((x - mean) ** 2).sum(axis=0))
 
+    @classmethod
+    def combine(cls, n: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> "Moments":
+        """The moments of the union of groups with counts ``n`` (k,), means and M2s (k, features)."""
+        n = np.asarray(n, np.float64)
+        total = float(n.sum())
+        if total == 0:
+            return cls(0.0, np.zeros(mean.shape[1]), np.zeros(mean.shape[1]))
+        mu = (n[:, None] * mean).sum(axis=0) / total
+        return cls(total, mu, m2.sum(axis=0) + (n[:, None] * (mean - mu) ** 2).sum(axis=0))
+
     def merge(self, other: "Moments") -> "Moments":
         if other.n == 0:
             return self
@@ -148,6 +160,17 @@ def _fixed(col, width: int) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     vals = arr.flatten().to_numpy(zero_copy_only=False)
     return vals.reshape(len(arr), width) if len(arr) else np.zeros((0, width), np.float32)
+
+
+def scaling_from_events(hlf: np.ndarray, npart: np.ndarray, llf_mean: np.ndarray, llf_m2: np.ndarray) -> ScalingModel:
+    """The model of the train events given per event: ``hlf`` (k, N_HLF), the number of real LLF
+    rows ``npart`` (k,) and the mean and M2 of each LLF feature over them ((k, N_LLF_FEATURES),
+    ``kernels.event_moments``): what the feature stage collects from its tasks, so that the fit
+    needs no Spark pass."""
+    h = Moments.of(np.asarray(hlf, np.float64).reshape(-1, N_HLF))
+    l_ = Moments.combine(npart, np.asarray(llf_mean).reshape(-1, N_LLF_FEATURES),
+                         np.asarray(llf_m2).reshape(-1, N_LLF_FEATURES))
+    return ScalingModel(h.mean, h.std(), l_.mean, l_.std(), int(h.n), int(l_.n))
 
 
 class FeatureScaler:

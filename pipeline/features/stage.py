@@ -52,7 +52,9 @@ from ..spark import spark_task
 from ..ingest.root import (FILE_TIMEOUT_S, SAMPLES_PREFIX, Chunk, FileInfo, ReadTimeout, _first_line,
                            parse_step_size, plan_chunks, resolve_files)
 from . import delphes as D
-from .layout import CLASS_LABELS, HLF_NAMES, LLF_NAMES, LLF_SIZE, N_CLASSES, N_HLF
+from .layout import (CLASS_LABELS, HLF_NAMES, LLF_NAMES, LLF_SIZE, N_CLASSES, N_HLF, N_LLF_FEATURES,
+                     N_PARTICLES)
+from .split import SPLITS, Assignment, assign, spark_hash_unit
 
 log = logging.getLogger(__name__)
 #: the version of schemas/hlf and schemas/llf the stage writes
@@ -213,14 +215,15 @@ def _read_unit(path: str, tree: str, a: int, b: int, timeout_s: float = FILE_TIM
 
 
 def _spark_schema():
-    from pyspark.sql.types import (ArrayType, FloatType, IntegerType, LongType, StringType, StructField,
-                                   StructType)
+    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType,
+                                   StructField, StructType)
     return StructType([
         StructField("chunk_id", IntegerType()), StructField("kind", IntegerType()),
         StructField("pos", IntegerType()), StructField("entry", LongType()), StructField("label", LongType()),
         StructField("hlf", ArrayType(FloatType())), StructField("llf", ArrayType(FloatType())),
         StructField("n_particles", IntegerType()), StructField("n_read", LongType()),
-        StructField("n_selected", LongType()), StructField("error", StringType())])
+        StructField("n_selected", LongType()), StructField("error", StringType()),
+        StructField("stats", ArrayType(DoubleType()))])
 
 
 def _arrow_schema():
@@ -228,7 +231,7 @@ def _arrow_schema():
     return pa.schema([("chunk_id", pa.int32()), ("kind", pa.int32()), ("pos", pa.int32()), ("entry", pa.int64()),
                       ("label", pa.int64()), ("hlf", pa.list_(pa.float32())), ("llf", pa.list_(pa.float32())),
                       ("n_particles", pa.int32()), ("n_read", pa.int64()), ("n_selected", pa.int64()),
-                      ("error", pa.string())])
+                      ("error", pa.string()), ("stats", pa.list_(pa.float64()))])
 
 
 def _lists(x: np.ndarray):
@@ -238,8 +241,24 @@ def _lists(x: np.ndarray):
                                     pa.array(np.ascontiguousarray(x, np.float32).reshape(-1), pa.float32()))
 
 
+#: per selected event, the status row's ``stats``: n_particles, then the mean and the M2 of each LLF
+#: feature over the event's real particles (the partial moments of the scaling fit)
+N_STATS = 1 + 2 * N_LLF_FEATURES
+
+
+def _event_stats(block) -> np.ndarray:
+    """(k, N_STATS) float64 partial moments of the selected events of one chunk."""
+    from .kernels import event_moments
+
+    k = len(block.index)
+    mean, m2 = event_moments(block.llf.reshape(k, N_PARTICLES, N_LLF_FEATURES), block.n_particles)
+    return np.column_stack([block.n_particles.astype(np.float64), mean, m2]).reshape(k, N_STATS)
+
+
 def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int = 256,
                        file_timeout_s: float = FILE_TIMEOUT_S) -> Iterator:
+    """Per chunk: the selected events' rows (kind 0), then one status row (kind 1) with the
+    counts or the error, the chunk's HLF (``hlf``, flattened) and per-event ``stats``."""
     import pyarrow as pa
 
     schema = _arrow_schema()
@@ -247,7 +266,7 @@ def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int =
         d = batch.to_pydict()
         for cid, fi, path, tree, a, b in zip(d["chunk_id"], d["file_index"], d["path"], d["tree"],
                                              d["entry_start"], d["entry_stop"]):
-            err, n_read, n_sel = None, 0, 0
+            err, n_read, n_sel, hlf, stats = None, 0, 0, [], []
             try:
                 block = D.compute_features(_read_unit(path, tree, a, b, file_timeout_s))
                 n_read, n_sel = block.n_read, len(block.index)
@@ -260,12 +279,20 @@ def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int =
                         pa.array(block.index[sl].astype(np.int64) + a, pa.int64()),
                         pa.array([labels[fi]] * k, pa.int64()), _lists(block.hlf[sl]), _lists(block.llf[sl]),
                         pa.array(block.n_particles[sl], pa.int32()), pa.nulls(k, pa.int64()),
-                        pa.nulls(k, pa.int64()), pa.nulls(k, pa.string())], schema=schema)
+                        pa.nulls(k, pa.int64()), pa.nulls(k, pa.string()),
+                        pa.nulls(k, pa.list_(pa.float64()))], schema=schema)
+                hlf, stats = block.hlf.reshape(-1), _event_stats(block).reshape(-1)
             except Exception as e:  # noqa: BLE001 - the driver reports the file
                 err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
-                n_sel = 0
-            yield pa.RecordBatch.from_pylist([{"chunk_id": cid, "kind": 1, "n_read": n_read, "n_selected": n_sel,
-                                               "error": err}], schema=schema)
+                n_sel, hlf, stats = 0, [], []
+            yield pa.RecordBatch.from_arrays([
+                pa.array([cid], pa.int32()), pa.array([1], pa.int32()), pa.nulls(1, pa.int32()),
+                pa.nulls(1, pa.int64()), pa.nulls(1, pa.int64()),
+                pa.ListArray.from_arrays(pa.array([0, len(hlf)], pa.int32()), pa.array(hlf, pa.float32())),
+                pa.nulls(1, pa.list_(pa.float32())), pa.nulls(1, pa.int32()), pa.array([n_read], pa.int64()),
+                pa.array([n_sel], pa.int64()), pa.array([err], pa.string()),
+                pa.ListArray.from_arrays(pa.array([0, len(stats)], pa.int32()), pa.array(stats, pa.float64()))],
+                schema=schema)
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,33 +309,6 @@ def plan_features(cfg: FeaturesConfig) -> dict:
                         "report": str(out / "report.json")}}
 
 
-def _hash_unit(col, seed: int, salt: str):
-    """Uniform [0, 1) from a seeded 64-bit hash of ``col`` (Spark xxhash64, reproducible)."""
-    from pyspark.sql import functions as F
-    mask = (1 << 53) - 1
-    return F.xxhash64(F.lit(int(seed)), F.lit(salt), col).bitwiseAND(F.lit(mask)).cast("double") / float(1 << 53)
-
-
-def _thresholds(df, part_cols: list[str], order_col: str, wanted: dict) -> dict:
-    """{group: {rank: value of order_col at that 1-based rank}} for the ranks in ``wanted[group]``."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    ranks = sorted({r for rs in wanted.values() for r in rs if r > 0})
-    if not ranks:
-        return {}
-    w = Window.partitionBy(*part_cols).orderBy(order_col)
-    rows = (df.select(*part_cols, order_col).withColumn("_rn", F.row_number().over(w))
-            .filter(F.col("_rn").isin(ranks)).collect())
-    out: dict = {}
-    for r in rows:
-        key = tuple(r[c] for c in part_cols)
-        key = key[0] if len(key) == 1 else key
-        if r["_rn"] in wanted.get(key, ()):
-            out.setdefault(key, {})[r["_rn"]] = r[order_col]
-    return out
-
-
 @dataclass
 class _Tally:
     """Per-chunk statuses folded into per-file and per-class counts (bad files excluded)."""
@@ -321,7 +321,9 @@ class _Tally:
 
 
 def _run_units(spark, units: list[Chunk], labels: dict, t_start: float, file_timeout_s: float = FILE_TIMEOUT_S):
-    """The Spark pass over the work units: (persisted feature DataFrame or None, {chunk_id: status})."""
+    """The Spark pass over the work units: (persisted feature DataFrame or None, {chunk_id: status});
+    a status has the counts, the error, and the chunk's selected events' ``hlf`` (k, N_HLF) and
+    ``stats`` (k, N_STATS) as numpy arrays."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -331,10 +333,16 @@ def _run_units(spark, units: list[Chunk], labels: dict, t_start: float, file_tim
         return None, {}
     fn = functools.partial(_feature_partition, labels=labels, file_timeout_s=file_timeout_s)
     feat = chunks_dataframe(spark, units).mapInArrow(spark_task(fn), _spark_schema()).persist(StorageLevel.DISK_ONLY)
-    statuses = [r.asDict() for r in feat.filter(F.col("kind") == 1)
-                .select("chunk_id", "n_read", "n_selected", "error").collect()]
+    table = (feat.filter(F.col("kind") == 1)
+             .select("chunk_id", "n_read", "n_selected", "error", "hlf", "stats").toArrow())
+    statuses = {}
+    for i, cid in enumerate(table.column("chunk_id").to_pylist()):
+        s = {c: table.column(c)[i].as_py() for c in ("chunk_id", "n_read", "n_selected", "error")}
+        s["hlf"] = table.column("hlf")[i].values.to_numpy(zero_copy_only=False).reshape(-1, N_HLF)
+        s["stats"] = table.column("stats")[i].values.to_numpy(zero_copy_only=False).reshape(-1, N_STATS)
+        statuses[cid] = s
     log.info("features: selection and features of %d unit(s) done (%.1f s)", len(units), time.time() - t_start)
-    return feat, {s["chunk_id"]: s for s in statuses}
+    return feat, statuses
 
 
 def _tally(files: list[FileInfo], units: list[Chunk], labels: dict, st: dict) -> _Tally:
@@ -378,50 +386,57 @@ def _events(spark, feat, offsets: dict, seed: int):
                   .withColumn("sample_id", F.col("offset") + F.col("pos")))
     else:
         events = spark.createDataFrame([], _spark_schema()).withColumn("sample_id", F.lit(0).cast("long"))
-    events = events.withColumn("_u", _hash_unit(F.col("sample_id"), seed, "split"))
-    return events.withColumn("_v", _hash_unit(F.col("sample_id"), seed, "balance"))
+    events = events.withColumn("_u", spark_hash_unit(F.col("sample_id"), seed, "split"))
+    return events.withColumn("_v", spark_hash_unit(F.col("sample_id"), seed, "balance"))
 
 
-def _split(events, per_label: dict, cfg: FeaturesConfig):
-    """Add ``split``: per class, exact counts from two thresholds of the seeded hash ``_u``.
-    Returns (events, {(split, label): count})."""
+def _assign(units: list[Chunk], labels: dict, st: dict, t: _Tally, cfg: FeaturesConfig) -> Assignment:
+    """The split (and balancing) of every selected event, in sample_id order, on the driver."""
+    counts = [(labels[u.file_index], int(st[u.chunk_id]["n_selected"])) for u in units if u.chunk_id in t.offsets]
+    ev_labels = np.repeat(np.array([c[0] for c in counts], np.int64), [c[1] for c in counts])
+    return assign(ev_labels, list(t.per_label), cfg.seed, cfg.test_fraction, cfg.val_fraction, cfg.balance_classes)
+
+
+def _select_written(events, asg: Assignment):
+    """Add ``split`` and drop the events balancing removes, with the driver's thresholds on the
+    hashes (the same decisions as :func:`pipeline.features.split.assign`)."""
     from pyspark.sql import functions as F
 
-    n_test = {lab: int(math.floor(n * cfg.test_fraction)) for lab, n in per_label.items()}
-    n_val = {lab: int(math.floor(n * cfg.val_fraction)) for lab, n in per_label.items()}
-    thr = _thresholds(events, ["label"], "_u", {lab: {n_test[lab], n_test[lab] + n_val[lab]} for lab in per_label})
     expr = None
-    counts = {}
-    for lab, n in per_label.items():
-        t_test = thr.get(lab, {}).get(n_test[lab], -1.0) if n_test[lab] else -1.0
-        t_val = thr.get(lab, {}).get(n_test[lab] + n_val[lab], -1.0) if n_val[lab] else t_test
+    for lab, (t_test, t_val) in asg.split_thresholds.items():
         c_test = (F.col("label") == lab) & (F.col("_u") <= t_test)
         c_val = (F.col("label") == lab) & (F.col("_u") <= t_val)
         expr = (F.when(c_test, "test") if expr is None else expr.when(c_test, "test")).when(c_val, "val")
-        counts[("test", lab)], counts[("val", lab)] = n_test[lab], n_val[lab]
-        counts[("train", lab)] = n - n_test[lab] - n_val[lab]
     train = F.lit("train")
-    return events.withColumn("split", expr.otherwise(train) if expr is not None else train), counts
-
-
-def _balance(events, counts: dict):
-    """Cut every class of every split to the split's smallest non-empty class (smallest ``_v`` kept)."""
-    from pyspark.sql import functions as F
-
-    labels = sorted({lab for _, lab in counts})
-    keep: dict = {}
-    for s in ("train", "val", "test"):
-        present = [counts[(s, lab)] for lab in labels if counts[(s, lab)] > 0]
-        m = min(present) if present else 0
-        keep.update({(s, lab): m for lab in labels if counts[(s, lab)] > m})
-    thr_b = _thresholds(events, ["split", "label"], "_v", {k: {v} for k, v in keep.items()})
+    events = events.withColumn("split", expr.otherwise(train) if expr is not None else train)
     cond = F.lit(True)
-    counts = dict(counts)
-    for (s, lab), m in keep.items():
-        tv = thr_b.get((s, lab), {}).get(m, -1.0) if m else -1.0
+    for (s, lab), tv in asg.keep_thresholds.items():
         cond = cond & ~((F.col("split") == s) & (F.col("label") == lab) & (F.col("_v") > tv))
-        counts[(s, lab)] = m
-    return events.filter(cond), counts
+    return events.filter(cond)
+
+
+def _written_counts(units: list[Chunk], st: dict, t: _Tally, asg: Assignment) -> tuple[dict, dict]:
+    """({file_index: events written}, {split: events written})."""
+    per_file: dict = {}
+    for u in units:
+        if u.chunk_id in t.offsets:
+            o = t.offsets[u.chunk_id]
+            n = int(st[u.chunk_id]["n_selected"])
+            per_file[u.file_index] = per_file.get(u.file_index, 0) + int(asg.keep[o:o + n].sum())
+    per_split = np.bincount(asg.split[asg.keep].astype(np.int64), minlength=len(SPLITS))
+    return per_file, {s: int(per_split[i]) for i, s in enumerate(SPLITS)}
+
+
+def _scaling(units: list[Chunk], st: dict, t: _Tally, asg: Assignment):
+    """The scaling model of the written train events, from the tasks' per-event partial moments."""
+    from .scaling import scaling_from_events
+
+    done = [st[u.chunk_id] for u in units if u.chunk_id in t.offsets]
+    hlf = np.concatenate([s["hlf"] for s in done]) if done else np.zeros((0, N_HLF), np.float32)
+    stats = np.concatenate([s["stats"] for s in done]) if done else np.zeros((0, N_STATS))
+    train = (asg.split == SPLITS.index("train")) & asg.keep
+    x = stats[train]
+    return scaling_from_events(hlf[train], x[:, 0], x[:, 1:1 + N_LLF_FEATURES], x[:, 1 + N_LLF_FEATURES:])
 
 
 def _write_datasets(final, tmp: Path, cfg: FeaturesConfig, n_written: int, schema_dir: Path) -> None:
@@ -433,8 +448,10 @@ def _write_datasets(final, tmp: Path, cfg: FeaturesConfig, n_written: int, schem
     _write(final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files, cfg.hlf_row_group_mb)
     _write(final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"), tmp / "llf",
            n_llf_files, cfg.llf_row_group_mb)
-    validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir))
-    validate_parquet(tmp / "llf", load_schema("llf", SCHEMA_VERSION, schema_dir))
+    # the schema from the Parquet footers; the values' constraints (no nulls, fixed list lengths)
+    # hold by construction: every row comes from fixed-width numpy blocks
+    validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir), check_data=False)
+    validate_parquet(tmp / "llf", load_schema("llf", SCHEMA_VERSION, schema_dir), check_data=False)
 
 
 def _per_file(files: list[FileInfo], labels: dict, t: _Tally, written: dict) -> list[dict]:
@@ -451,12 +468,9 @@ def _per_file(files: list[FileInfo], labels: dict, t: _Tally, written: dict) -> 
 def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
     "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
-    from pyspark.sql import functions as F
-
     from ..outputs import atomic_output_dir, write_json
     from ..schemas import SCHEMA_DIR, load_schema
     from ..spark import get_spark
-    from .scaling import FeatureScaler
 
     t_start = time.time()
     schema_dir = Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR
@@ -475,23 +489,18 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     with atomic_output_dir(out) as tmp:
         feat, st = _run_units(spark, units, labels, t_start, cfg.file_timeout_s)
         tally = _tally(files, units, labels, st)
-        events, counts = _split(_events(spark, feat, tally.offsets, cfg.seed), tally.per_label, cfg)
-        if cfg.balance_classes:
-            events, counts = _balance(events, counts)
-        final = events.select("sample_id", "label", "split", "hlf", "llf", "n_particles", "chunk_id")
-        n_written = sum(counts.values())
-        unit_file = {u.chunk_id: u.file_index for u in units}
-        wr_file = {f.file_index: 0 for f in files}
-        split_counts = {"train": 0, "val": 0, "test": 0}
-        for r in final.groupBy("chunk_id", "split").count().collect():
-            wr_file[unit_file[r["chunk_id"]]] += r["count"]
-            split_counts[r["split"]] += r["count"]
-        log.info("features: split%s done (%.1f s)", " and balancing" if cfg.balance_classes else "",
-                 time.time() - t_start)
-        model = FeatureScaler().fit(final.filter(F.col("split") == "train"))
+        asg = _assign(units, labels, st, tally, cfg)
+        counts, n_written = asg.counts, int(asg.keep.sum())
+        wr, split_counts = _written_counts(units, st, tally, asg)
+        wr_file = {f.file_index: wr.get(f.file_index, 0) for f in files}
+        model = _scaling(units, st, tally, asg)
         model.save(tmp / "scaling.json")
-        log.info("features: scaling fitted on %d train events (%.1f s)", model.hlf_count, time.time() - t_start)
+        log.info("features: split%s and scaling (%d train events) done (%.1f s)",
+                 " and balancing" if cfg.balance_classes else "", model.hlf_count, time.time() - t_start)
+        final = _select_written(_events(spark, feat, tally.offsets, cfg.seed), asg)
+        final = final.select("sample_id", "label", "split", "hlf", "llf", "n_particles")
         _write_datasets(final, tmp, cfg, n_written, schema_dir)
+        log.info("features: hlf/ and llf/ written (%.1f s)", time.time() - t_start)
         if feat is not None:
             feat.unpersist()
         per_file = _per_file(files, labels, tally, wr_file)
