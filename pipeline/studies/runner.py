@@ -18,6 +18,15 @@ needs the same one. Cells run one after another (each needs the whole machine). 
 finished when its ``train/summary.json`` exists (training writes its output atomically) and its
 ``run.json`` holds the same config; a rerun of the study skips finished runs, so an interrupted
 study resumes where it stopped.
+
+An ``s3://`` output (an S3-compatible object store, :mod:`pipeline.fs`): the study works in a
+local directory (``work_dir``, default ``runs/studies/<name>``: the run staging, the data cache
+unless ``data_dir``, the MLflow file store unless ``tracking.uri``) and publishes to the prefix:
+each finished run directory is committed with :func:`pipeline.outputs.atomic_output_dir`
+(``runs/<cell>/seed_<s>/`` + ``_COMPLETE``) as soon as it ends, ``study.json``, the Parquet
+files, the plots and ``report.md`` (last) are one PUT each. A rerun takes a run as finished when
+its prefix on the store carries ``_COMPLETE`` and the same ``run.json``; it reads that run's
+results back from the store, so a study resumes from the store alone.
 """
 from __future__ import annotations
 
@@ -29,7 +38,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PipelineError
+from ..fs import Location, check_writable, location
 from ..outputs import local_path, read_json, write_json
+from .publish import RemoteOutput
 from .grid import Cell, StudyPlan, digest, plan_study
 from .spec import METRICS, StudyConfig
 
@@ -38,8 +49,15 @@ log = logging.getLogger(__name__)
 STAGE_OUT = {"simulate": "simulated", "ingest": "events", "features": "features", "shard": "shards"}
 
 
+def study_target(spec: StudyConfig) -> Location:
+    """Where the study's results go: a local directory or an object-store prefix."""
+    return location(spec.output or f"runs/studies/{spec.name}", output=True)
+
+
 def study_dir(spec: StudyConfig) -> Path:
-    return local_path(spec.output or f"runs/studies/{spec.name}")
+    """The local directory the study works in (its output, or ``work_dir`` for an object-store output)."""
+    t = study_target(spec)
+    return Path(t.path) if t.is_local else local_path(spec.work_dir or f"runs/studies/{spec.name}")
 
 
 def _stage_fns(workflow: str) -> list[tuple[str, str, Callable]]:
@@ -104,8 +122,29 @@ def _run_fingerprint(run_cfg) -> dict:
     return run_cfg.model_dump(mode="json", exclude={"output_root", "spark"})
 
 
+def run_key(cell: Cell, seed: int) -> str:
+    return f"runs/{cell.key}/seed_{seed}"
+
+
 def run_dir(out: Path, cell: Cell, seed: int) -> Path:
-    return out / "runs" / cell.key / f"seed_{seed}"
+    return out / run_key(cell, seed)
+
+
+#: what a finished run's results are read back from, on an object store (model.pt stays there)
+RESULT_FILES = ("run.json", "train/summary.json", "train/metrics.jsonl")
+
+
+def fetch_finished(remote: RemoteOutput, cell: Cell, seed: int, rdir: Path, run_cfg) -> bool:
+    """A run committed on the store with the same config: its result files (and its MLflow
+    marker) are copied into ``rdir``, replacing what was there."""
+    key = run_key(cell, seed)
+    if not remote.committed(key) or \
+            read_json(str(remote.at(f"{key}/run.json"))).get("config") != _run_fingerprint(run_cfg):
+        return False
+    shutil.rmtree(rdir, ignore_errors=True)
+    remote.fetch([f"{key}/{f}" for f in RESULT_FILES], rdir.parents[2])
+    remote.fetch([f"{key}/mlflow_run.json"], rdir.parents[2], optional=True)
+    return True
 
 
 def is_finished(rdir: Path, run_cfg) -> bool:
@@ -116,6 +155,7 @@ def is_finished(rdir: Path, run_cfg) -> bool:
 
 def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path, spark) -> dict:
     """Prepare the data of one run (cached) and train it; returns the training summary."""
+    from ..train.checkpoint import remove as remove_checkpoints
     from ..train.launch import checkpoint_dir, train
 
     spec = plan.spec
@@ -129,11 +169,11 @@ def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
                                    "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
     summary = train(train_cfg, spark)
-    shutil.rmtree(checkpoint_dir(train_cfg), ignore_errors=True)  # a finished run needs no checkpoints
+    remove_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
     return summary
 
 
-def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path) -> dict:
+def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path, remote: RemoteOutput | None = None) -> dict:
     from .results import run_metrics
 
     rdir = run_dir(out, cell, seed)
@@ -141,7 +181,7 @@ def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path) -> dict:
                  "baseline": cell.key == plan.baseline.key}
     row.update({k: v for k, v in cell.factors.items()})
     row.update(run_metrics(rdir / "train", plan.spec.target_accuracy))
-    row["run_dir"] = str(rdir)
+    row["run_dir"] = str(remote.at(run_key(cell, seed))) if remote else str(rdir)
     return row
 
 
@@ -206,14 +246,16 @@ class _Tracker:
             self.parent.finish(artifacts, status=status)
 
 
-def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker) -> dict:
+def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote: RemoteOutput | None = None) -> dict:
     """Every run in order: skip the finished ones, train the others; a failed run is recorded and
-    the study goes on (its error is in ``<run>/error.txt``)."""
+    the study goes on (its error is in ``<run>/error.txt``). With an object-store output, finished
+    runs are read back from the store and each new one is published when it ends."""
     done: dict = {"trained": [], "skipped": [], "failed": [], "rows": []}
     for i, (cell, seed) in enumerate(plan.runs, 1):
         tag = f"[study {plan.spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
         rdir = run_dir(out, cell, seed)
-        if is_finished(rdir, plan.config(cell, seed)):
+        cfg = plan.config(cell, seed)
+        if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
             done["skipped"].append((cell.name, seed))
             log.info("%s: finished earlier, skipped", tag)
         else:
@@ -227,11 +269,15 @@ def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker) -> dic
                 rdir.mkdir(parents=True, exist_ok=True)
                 (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
                 log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
+                if remote:
+                    remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
                 continue
             done["trained"].append((cell.name, seed))
             log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
-        done["rows"].append(result_row(plan, cell, seed, out))
+        done["rows"].append(result_row(plan, cell, seed, out, remote))
         tracker.child(plan, cell, seed, out, done["rows"][-1])
+        if remote and (cell.name, seed) in done["trained"]:
+            remote.commit_dir(run_key(cell, seed), rdir)
     return done
 
 
@@ -252,27 +298,33 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
         from .tracking import client
 
         client(spec.tracking.uri)  # a bad tracking URI fails here, before anything is written
-    out = study_dir(spec)
+    target, out = study_target(spec), study_dir(spec)
+    remote = None if target.is_local else RemoteOutput(target)
+    if remote:
+        check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
     data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "study.json", plan_summary(plan))
     tracker = _Tracker(plan, out)
     spark = spark or get_spark(spec.spark)
     try:
-        done = _run_all(plan, out, data_root, spark, tracker)
+        done = _run_all(plan, out, data_root, spark, tracker, remote)
         artifacts = write_outputs(plan, done["rows"], out) if done["rows"] else []
+        if remote:
+            remote.put_files(out, [out / "study.json", *sorted(artifacts, key=lambda a: a.name == "report.md")])
     except BaseException:
         tracker.finish([], status="FAILED")
         raise
     tracker.finish(artifacts, status="FAILED" if done["failed"] else "FINISHED")
     trained, skipped = done["trained"], done["skipped"]
-    summary = {"study": spec.name, "output": str(out), "runs": len(plan.runs), "trained": trained,
+    where = remote.target if remote else out
+    summary = {"study": spec.name, "output": str(where), "runs": len(plan.runs), "trained": trained,
                "skipped": skipped, "failed": [(c, s, m) for c, s, _, m in done["failed"]],
-               "seconds": round(time.time() - t0, 1), "results": str(out / "results.parquet"),
-               "report": str(out / "report.md"), "mlflow": getattr(tracker, "uri", None),
-               "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
+               "seconds": round(time.time() - t0, 1), "results": str(where.child("results.parquet") if remote else out / "results.parquet"),
+               "report": str(where.child("report.md") if remote else out / "report.md"),
+               "mlflow": getattr(tracker, "uri", None), "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
     print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
-          f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {out / 'report.md'}", flush=True)
+          f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {summary['report']}", flush=True)
     if done["failed"]:
         raise _failure(plan, done["failed"], out)
     return summary
@@ -322,8 +374,8 @@ def write_plots(plan: StudyPlan, df, out: Path) -> list[Path]:
     from .results import load_curve
 
     curves: dict[str, list] = {c.name: [] for c in plan.cells}
-    for cell, rdir in zip(df["cell"], df["run_dir"]):
-        curves[cell].append(load_curve(Path(rdir) / "train"))
+    for cell, key, seed in zip(df["cell"], df["cell_key"], df["seed"]):
+        curves[cell].append(load_curve(out / "runs" / key / f"seed_{seed}" / "train"))
     paths = [plot_learning_curves(curves, out / "plots" / "learning_curves.png", title=f"Study {plan.spec.name}")]
     if "workers" in plan.spec.factors.grid and len(plan.spec.factors.grid["workers"]) > 1:
         paths.append(plot_speedup(speedup_groups(plan, df), out / "plots" / "speedup_vs_workers.png",
@@ -362,7 +414,7 @@ def dry_run(spec: StudyConfig) -> dict:
         for name, _, path in todo:
             stages[str(path)] = name
     s = plan_summary(plan)
-    s.update({"output": str(out), "data": sorted(stages),
+    s.update({"output": str(study_target(spec)), "data": sorted(stages),
               "layouts": sum(1 for v in stages.values() if v == "shard")})
     return s
 

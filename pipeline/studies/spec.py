@@ -84,9 +84,15 @@ class StudyConfig(StageConfig):
                                description="results.parquet columns to report: " + ", ".join(METRICS))
     target_accuracy: Optional[float] = Field(None, gt=0, le=1,
                                              description="validation accuracy for time_to_target_s")
-    output: Optional[str] = Field(None, description="study directory (default runs/studies/<name>)")
-    data_dir: Optional[str] = Field(None, description="cache of datasets and shards, keyed by their config "
-                                                      "(default <output>/data; studies may share one)")
+    output: Optional[str] = Field(None, description="study directory, a local path or s3://bucket/prefix "
+                                                    "(default runs/studies/<name>)")
+    work_dir: Optional[str] = Field(None, description="local working directory of a study whose output is on "
+                                                      "an object store: runs are staged there, and the data "
+                                                      "cache and MLflow file store live there unless data_dir / "
+                                                      "tracking.uri say otherwise (default runs/studies/<name>)")
+    data_dir: Optional[str] = Field(None, description="cache of datasets and shards, keyed by their config, on "
+                                                      "local disk (default <output>/data, or <work_dir>/data for an "
+                                                      "object-store output; studies may share one)")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(enabled=True),
                                      description="MLflow (default: file store <output>/mlruns)")
     plots: bool = Field(True, description="write PNG plots next to report.md")

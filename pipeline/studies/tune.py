@@ -23,13 +23,20 @@ Keys are keys of the workflow's run config, like a study's factors. Output (``ou
     best.json, best_train.yaml
     optuna.journal            Optuna's storage: a rerun continues the same search
     mlruns/                   MLflow file store (unless tracking.uri is set)
+
+An ``s3://`` output: the search works in a local directory (``work_dir``, default
+``runs/tune/<name>``; the data cache unless ``data_dir``, the MLflow file store unless
+``tracking.uri``) and publishes to the prefix (:mod:`pipeline.studies.publish`): after every round
+each trial directory is committed with ``_COMPLETE`` and the journal is PUT; at the end
+``trials.parquet``, ``best.json`` and ``best_train.yaml`` (its ``output`` is ``<prefix>/best/train``).
+A rerun whose working directory has no journal reads the journal and the trials back from the
+store and continues the same search.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -38,7 +45,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import StageConfig
 from ..errors import ConfigError
+from ..fs import Location, check_writable, exists, location
 from ..outputs import local_path, write_json
+from .publish import RemoteOutput
 from ..train.config import TrackingConfig
 from .grid import RUN_CONFIGS, _build, apply_overrides, base_data
 from .spec import METRICS
@@ -124,7 +133,10 @@ class TuneConfig(StageConfig):
     seed: int = Field(0, ge=0, description="sampler seed")
     objective: str = Field("best_val_accuracy", description="results column to optimise: " + ", ".join(METRICS))
     direction: Literal["maximize", "minimize"] = Field("maximize", description="maximize | minimize")
-    output: Optional[str] = Field(None, description="output directory (default runs/tune/<name>)")
+    output: Optional[str] = Field(None, description="output directory, a local path or s3://bucket/prefix "
+                                                    "(default runs/tune/<name>)")
+    work_dir: Optional[str] = Field(None, description="local working directory of a search whose output is on "
+                                                      "an object store (default runs/tune/<name>)")
     data_dir: Optional[str] = Field(None, description="cache of datasets and shards (default <output>/data)")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(enabled=True),
                                      description="MLflow (default: file store <output>/mlruns)")
@@ -141,8 +153,40 @@ class TuneConfig(StageConfig):
         return self
 
 
+def tune_target(cfg: TuneConfig) -> Location:
+    return location(cfg.output or f"runs/tune/{cfg.name}", output=True)
+
+
 def tune_dir(cfg: TuneConfig) -> Path:
-    return local_path(cfg.output or f"runs/tune/{cfg.name}")
+    """The local directory the search works in (its output, or ``work_dir`` for an object-store output)."""
+    t = tune_target(cfg)
+    return Path(t.path) if t.is_local else local_path(cfg.work_dir or f"runs/tune/{cfg.name}")
+
+
+_TRIAL_FILES = ("train_config.json", "train/summary.json", "train/metrics.jsonl", "mlflow_run.json")
+
+
+def _fetch_search(remote: RemoteOutput, out: Path) -> None:
+    """A working directory without a journal continues the search published on the store."""
+    import optuna
+
+    if (out / "optuna.journal").exists() or not exists(remote.at("optuna.journal")):
+        return
+    remote.fetch(["optuna.journal"], out)
+    for name in optuna.study.get_all_study_names(_storage(out)):
+        for t in optuna.load_study(study_name=name, storage=_storage(out)).get_trials(deepcopy=False):
+            key = f"trials/trial_{t.number}"
+            if remote.committed(key):
+                remote.fetch([f"{key}/{f}" for f in _TRIAL_FILES], out, optional=True)
+
+
+def _publish_round(remote: Optional[RemoteOutput], out: Path, numbers: list[int]) -> None:
+    if remote is None:
+        return
+    for n in numbers:
+        if (out / "trials" / f"trial_{n}").is_dir():
+            remote.commit_dir(f"trials/trial_{n}", out / "trials" / f"trial_{n}")
+    remote.put_files(out, [out / "optuna.journal"])
 
 
 def _base(cfg: TuneConfig) -> dict:
@@ -173,7 +217,7 @@ def plan_tune(cfg: TuneConfig) -> dict:
     return {"tune": cfg.name, "sampler": cfg.sampler, "trials": n_trials(cfg, grid), "parallel": cfg.parallel,
             "objective": f"{cfg.direction} {cfg.objective}", "space": {k: v.model_dump(exclude_none=True)
                                                                       for k, v in cfg.space.items()},
-            "output": str(out), "best_config": str(out / "best_train.yaml")}
+            "output": str(tune_target(cfg)), "best_config": str(tune_target(cfg).child("best_train.yaml"))}
 
 
 def grid_space(cfg: TuneConfig) -> dict:
@@ -266,8 +310,13 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
         from .tracking import client
 
         client(cfg.tracking.uri)  # a bad tracking URI fails here, before anything is written
-    out = tune_dir(cfg)
+    target, out = tune_target(cfg), tune_dir(cfg)
+    remote = None if target.is_local else RemoteOutput(target)
+    if remote:
+        check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
     out.mkdir(parents=True, exist_ok=True)
+    if remote:
+        _fetch_search(remote, out)
     data_root = local_path(cfg.data_dir) if cfg.data_dir else out / "data"
     grid = grid_space(cfg) if cfg.sampler == "grid" else None
     total = n_trials(cfg, grid)
@@ -294,13 +343,17 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
             res = run_trials_on_spark(spark, batch)
             for t in asked:
                 _tell(cfg, study, t, res.get(t.number, {"error": "no result from Spark"}), out, configs, tracker)
-        best = write_tune_outputs(cfg, study, out)
+            _publish_round(remote, out, [t.number for t in asked])
+        best = write_tune_outputs(cfg, study, out, remote)
+        if remote:
+            remote.put_files(out, [out / "trials.parquet", out / "best.json", out / "best_train.yaml"])
     except BaseException:
         tracker.finish([], status="FAILED")
         raise
     tracker.finish([out / "trials.parquet", out / "best.json", out / "best_train.yaml"], best)
-    summary = {"tune": cfg.name, "output": str(out), "trials": total, "best": best,
-               "best_config": str(out / "best_train.yaml"), "seconds": round(time.time() - t0, 1)}
+    summary = {"tune": cfg.name, "output": str(target if remote else out), "trials": total, "best": best,
+               "best_config": str(remote.at("best_train.yaml") if remote else out / "best_train.yaml"),
+               "seconds": round(time.time() - t0, 1)}
     print(f"SUMMARY tune {cfg.name}: {total} trials ({cfg.sampler}), best {cfg.objective} "
           f"{best['value']:.4f} with {json.dumps(best['params'])} -> {out / 'best_train.yaml'}", flush=True)
     return summary
@@ -323,11 +376,12 @@ def _fail_stale(study) -> None:
 def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracker) -> None:
     from optuna.trial import TrialState
 
+    from ..train.checkpoint import remove as remove_checkpoints
     from ..train.launch import checkpoint_dir
     from .results import run_metrics
 
     tdir = out / "trials" / f"trial_{t.number}" / "train"
-    shutil.rmtree(checkpoint_dir(configs[t.number]), ignore_errors=True)  # a finished trial needs none
+    remove_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
     for k in ("started", "finished"):
         if res.get(k) is not None:
             t.set_user_attr(f"task_{k}", res[k])
@@ -345,7 +399,7 @@ def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracke
     log.warning("tune %s: trial %d %s failed: %s", cfg.name, t.number, json.dumps(t.params), res["error"])
 
 
-def write_tune_outputs(cfg: TuneConfig, study, out: Path) -> dict:
+def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[RemoteOutput] = None) -> dict:
     """trials.parquet, best.json and best_train.yaml (ConfigError when no trial finished)."""
     import pandas as pd
     import yaml
@@ -363,7 +417,7 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path) -> dict:
     b = study.best_trial
     tdir = out / "trials" / f"trial_{b.number}" / "train"
     train_cfg = TrainConfig.model_validate(json.loads((tdir.parent / "train_config.json").read_text()))
-    best_out = out / "best" / "train"
+    best_out = remote.at("best/train") if remote else out / "best" / "train"
     doc = train_cfg.model_copy(update={"output": str(best_out)}).model_dump(mode="json", exclude={"spark"})
     header = (f"# Best of tuning run {cfg.name}: trial {b.number}, {cfg.objective} = {b.value:.6g} "
               f"({cfg.direction}); parameters {json.dumps(b.params)}\n"
@@ -372,7 +426,8 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path) -> dict:
     tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     tmp.replace(out / "best_train.yaml")
     best = {"trial": b.number, "value": b.value, "params": b.params, "objective": cfg.objective,
-            "direction": cfg.direction, "train_dir": str(tdir)}
+            "direction": cfg.direction,
+            "train_dir": str(remote.at(f"trials/trial_{b.number}/train") if remote else tdir)}
     write_json(out / "best.json", best)
     return best
 

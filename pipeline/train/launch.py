@@ -49,7 +49,7 @@ from typing import Any, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
 from ..fs import Location, check_writable, exists, location
-from ..outputs import atomic_output_dir, local_path, write_json
+from ..outputs import atomic_output_dir, write_json
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .plan import TrainingPlan
