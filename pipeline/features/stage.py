@@ -9,23 +9,27 @@ Input, either of:
   entry-range chunks on the driver exactly as the ingestion does and read with uproot in the
   tasks.
 
-Flow (one chunk per Spark task, ``mapInArrow``):
+Flow: one Spark pass computes the features, the driver decides the rest from the tasks'
+statuses, then Spark writes the two datasets (three Spark jobs in all):
 
-1. each task reads the :data:`~pipeline.features.delphes.REQUIRED_BRANCHES` of its chunk and
-   runs :func:`~pipeline.features.delphes.compute_features`; it yields the selected events
-   (position in the chunk, entry, label, hlf, llf, n_particles) and one status row per chunk
-   (events read, selected, or the error). The result is persisted (disk) for the passes below;
-2. the driver collects the status rows: files with a failed chunk are dropped and reported;
-   ``sample_id`` = dense index over the selected events in (file, entry) order, so each file
-   holds one contiguous id range (kept in ``report.json``);
-3. split: per class, events are ordered by a seeded hash of their sample_id and the first
-   ``floor(n*test_fraction)`` go to test, the next ``floor(n*val_fraction)`` to val, the rest to
-   train (exact, stratified, reproducible; computed from two thresholds, no join);
-4. optional balancing: in every split each class is cut to the smallest non-empty class of that
-   split, keeping the events with the smallest value of a second seeded hash;
-5. scaling statistics are fitted on the train split (:mod:`pipeline.features.scaling`);
-6. ``hlf/`` and ``llf/`` are written by Spark with Parquet row groups of ``*_row_group_mb``
-   (Petastorm reads row group by row group), checked against ``schemas/hlf`` and ``schemas/llf``.
+1. one chunk per Spark task (``mapInArrow``): each task reads the
+   :data:`~pipeline.features.delphes.REQUIRED_BRANCHES` of its chunk and runs
+   :func:`~pipeline.features.delphes.compute_features`; it yields the selected events (position in
+   the chunk, entry, label, hlf, llf, n_particles) and one status row per chunk: events read,
+   selected, or the error, plus the chunk's HLF and per-event partial moments of the LLF (count,
+   mean, M2 of each feature over the real particles). The result is persisted (disk) for the
+   writes; the driver collects only the status rows (as Arrow);
+2. on the driver, from the statuses alone: files with a failed chunk are dropped and reported;
+   ``sample_id`` = dense index over the selected events in (file, entry) order, so each file holds
+   one contiguous id range (kept in ``report.json``); the split and the optional balancing of
+   every event (:mod:`pipeline.features.split`: per class, events ordered by a seeded hash of
+   their sample_id, exact counts); the per-file and per-split counts; the scaling statistics of
+   the train events, merged from the partial moments (:mod:`pipeline.features.scaling`);
+3. ``hlf/`` and ``llf/`` are written by Spark from the persisted rows, the split assigned and the
+   balancing applied with the driver's thresholds on the same hash (Spark's ``xxhash64``), with
+   Parquet row groups of ``*_row_group_mb`` (Petastorm reads row group by row group); their schema
+   is checked from the Parquet footers against ``schemas/hlf`` and ``schemas/llf`` (the values
+   are fixed-width numpy blocks, so no column can be null or of another length).
 
 Bad files (unreadable, no tree, missing branch, no sample label, a chunk failing) are listed
 in ``report.json`` and logged one line each; the good files are written; then the stage raises
