@@ -420,6 +420,19 @@ def _write_empty(dir_: Path, schema) -> str:
 
 
 # ----------------------------------------------------------------------------- the stage
+def _check_paths(cfg: ShardConfig) -> tuple[Path, Location]:
+    """The input (a local dataset) and the output location, checked before any work: on an object
+    store the bucket, the credentials and the write permission (one line naming the URI)."""
+    in_path = require_exists(cfg.input)
+    out = location(cfg.output, output=True)
+    if out.is_local:
+        o = Path(out.path)
+        if o == in_path or in_path in o.parents or o in in_path.parents:
+            raise ConfigError(f"output={out} overlaps input={in_path}")
+    check_writable(out)
+    return in_path, out
+
+
 def shard(cfg: ShardConfig, spark=None) -> dict:
     """Write the layout's worker directories, eval splits and ``manifest.json``; return the manifest
     (its JSON form)."""
@@ -427,13 +440,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
 
     t0 = time.time()
     layout = cfg.layout()
-    in_path = require_exists(cfg.input)
-    out = location(cfg.output, output=True)
-    if out.is_local:
-        o = Path(out.path)
-        if o == in_path or in_path in o.parents or o in in_path.parents:
-            raise ConfigError(f"output={out} overlaps input={in_path}")
-    check_writable(out)   # an object store: bucket, credentials, write permission, before any work
+    in_path, out = _check_paths(cfg)
     schema = _check_input(in_path)
     tensors = _tensor_columns(in_path, schema, cfg.tensor_columns)
     ids, splits = _read_keys(in_path)
