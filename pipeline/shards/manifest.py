@@ -120,13 +120,13 @@ def _first_error(e: ValidationError) -> str:
 
 
 def load_manifest(path: str) -> ShardManifest:
-    """Read and check a shard manifest: the model, then every worker and eval directory exists.
+    """Read and check a shard manifest: the model, then every worker directory exists.
     BadInputError names the file and the offending key.
 
     ``path`` is a local path or an ``s3://`` URI; on an object store the shard prefix holding the
     manifest must carry the completion marker of a committed output
-    (:func:`pipeline.outputs.require_complete`), and the worker and eval paths it lists are URIs
-    on the same store.
+    (:func:`pipeline.outputs.require_complete`; the shard stage lists the worker and eval
+    directories as URIs on the same store).
     """
     loc = location(path)
     if loc.is_local:
