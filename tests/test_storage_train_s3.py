@@ -43,16 +43,26 @@ def _base(man, **kw):
     return d
 
 
+@pytest.fixture(scope="module")
+def reference(s3, shards):
+    """The uninterrupted run, output and checkpoints on the store."""
+    from pipeline.train.launch import train
+
+    b = f"s3://{s3.bucket}/train"
+    with environment(**s3.env("writer")):
+        return train(TrainConfig(output=f"{b}/ref", checkpoint_dir=f"{b}/ref-ck", **_base(shards)))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_output_and_checkpoints_on_s3_and_a_killed_run_resumes_from_the_store(s3, shards):
+def test_output_and_checkpoints_on_s3_and_a_killed_run_resumes_from_the_store(s3, shards, reference):
     from pipeline.train import checkpoint
     from pipeline.train.launch import train
     from pipeline.train.restart import TrainingFailed
 
     b = f"s3://{s3.bucket}/train"
+    ref = reference
     with environment(**s3.env("writer")):
-        ref = train(TrainConfig(output=f"{b}/ref", checkpoint_dir=f"{b}/ref-ck", **_base(shards)))
         assert ref["steps"] == 16 and ref["metrics"] == f"{b}/ref/metrics.jsonl"
         assert sorted(_keys(f"{b}/ref")) == [outputs.COMPLETE_MARKER, "metrics.jsonl", "model.pt", "summary.json"]
         assert json.loads(fs.read_bytes(fs.location(f"{b}/ref/summary.json")))["final_digests"] == ref["final_digests"]
@@ -77,9 +87,25 @@ def test_output_and_checkpoints_on_s3_and_a_killed_run_resumes_from_the_store(s3
     with environment(**s3.env("reader")):
         # everything at the top of the bucket is a committed output or a checkpoint: no temporary prefix, no probe
         top = {k.split("/")[0] for k in _keys(b)}
-        assert top == {"ref", "ref-ck", "run", "run-ck"}
+        assert top <= {"ref", "ref-ck", "run", "run-ck", "lost", "lost-ck"} and not [t for t in top if t[0] == "."]
         assert outputs.require_complete(f"{b}/run") == fs.location(f"{b}/run")
         assert "step_00000014" not in {k.split("/")[0] for k in _keys(f"{b}/run-ck")}  # pruned as a leftover
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_lost_worker_is_relaunched_from_the_checkpoint_on_the_store(s3, shards, reference):
+    from pipeline.train.launch import train
+
+    b = f"s3://{s3.bucket}/train"
+    with environment(**s3.env("writer")):
+        run = train(TrainConfig(output=f"{b}/lost", checkpoint_dir=f"{b}/lost-ck",
+                                debug={"fail_at_step": 12, "fail_rank": 0, "fail_mode": "kill"}, **_base(shards)))
+        (r,) = run["restarts"]
+        assert r["checkpoint"] == f"{b}/lost-ck/step_00000010" and r["from_step"] == 10 and r["worker"] == 0
+        assert run["final_digests"] == reference["final_digests"]
+        summary = json.loads(fs.read_bytes(fs.location(f"{b}/lost/summary.json")))
+        assert summary["restarts"] == [r]
 
 
 def _job(argv, capsys):
