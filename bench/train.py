@@ -68,10 +68,29 @@ def async_traffic(manifest: str, root: Path, common: dict, launcher: str, spark)
         for i, r in enumerate(s["ranks"]):
             sec = max(r["train_seconds"], 1e-9)
             rows.append((f"{name} rank {i}", r.get("p2p_bytes_sent", 0) / sec, theory[i] / sec))
-    print(f"\nasynchronous algorithms ({launcher}): p2p bytes per worker per second")
+    rows += grouped_eawild_traffic(manifest, root, common, launcher, spark)
+    print(f"\nasynchronous algorithms ({launcher}): p2p bytes per worker per second (EA-wild groups: the "
+          f"group allreduce's payload through the communicator)")
     print(f"{'algorithm':34s} {'measured B/s':>14s} {'theory B/s':>14s} {'meas/theory':>11s}")
     for label, meas, theo in rows:
         print(f"{label:34s} {meas:14,.0f} {theo:14,.0f} {meas / theo if theo else float('nan'):11.3f}")
+
+
+def grouped_eawild_traffic(manifest: str, root: Path, common: dict, launcher: str, spark) -> list[tuple]:
+    """EA-wild with one group of both workers: no p2p message (rank 0 updates the centre in
+    memory); each step every member hands 4(P+1) bytes (model + round flag) to one group allreduce."""
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+
+    out = root / "run_eawild_groups"
+    s = train(TrainConfig(manifest=manifest, output=str(out), launcher=launcher,
+                          algorithm={"name": "eawild", "params": {"round_steps": 8, "group_size": 2}}, **common), spark)
+    rows = []
+    for i, (r, c) in enumerate(zip(s["ranks"], s["comm"])):
+        sec = max(r["train_seconds"], 1e-9)
+        rows.append((f"eawild group_size=2 rank {i}", (r.get("p2p_bytes_sent", 0) + c["bytes_sent"]) / sec,
+                     r["steps"] * 4 * (MODEL_PARAMS + 1) / sec))
+    return rows
 
 
 def main(argv=None) -> int:
