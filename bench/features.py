@@ -19,7 +19,8 @@ OpenMP are held to one thread; the numba compilation is a warm-up outside the ti
 The two implementations' outputs are compared on every input (selected events, HLF, LLF at
 float32 tolerance); both time the same work on the same in-memory events (no reading).
 
-The Spark stage (``build_features`` on ``local[--cores]``, after a warm-up run on one file) runs
+The Spark stage (``build_features`` on ``local[--cores]``, after a warm-up run on one file per
+core, so that every Python worker is started) runs
 on ``--stage-files`` copies of the simulated files (each file at least ``--events-per-file``
 events; 8 x 2,000 = 16,000 events by default), i.e. the whole stage: plan, read, select, features,
 split, scaling, the two Parquet datasets. Its events/s per core (events / (wall s x cores)) is
@@ -416,7 +417,8 @@ def spark_stage(files: list[str], work: Path, spark, cores: int) -> None:
         bare_write(block, work / "bare", u.chunk_id)
         t_compute, t_write = t_compute + t1 - t0, t_write + time.perf_counter() - t1
     bare, bare_w = n / t_compute, n / (t_compute + t_write)
-    build_features(cfg(files[:1], "warm"), spark=spark)        # Python workers started, kernels compiled
+    # warm-up on one file per core: every Python worker started, its imports done, kernels loaded
+    build_features(cfg(files[:cores], "warm"), spark=spark)
     logging.getLogger("pipeline.features.stage").setLevel(logging.INFO)   # the phases of the measured run
     t0 = time.perf_counter()
     rep = build_features(cfg(files, "spark"), spark=spark)
