@@ -451,7 +451,7 @@ def _write_datasets(final, tmp: Path, cfg: FeaturesConfig, n_written: int, schem
     n_hlf_files = max(1, math.ceil(n_written * N_HLF * 4 / (cfg.file_mb << 20)))
     _write(final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files, cfg.hlf_row_group_mb)
     _write(final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"), tmp / "llf",
-           n_llf_files, cfg.llf_row_group_mb)
+           n_llf_files, cfg.llf_row_group_mb, plain=("llf",))
     # the schema from the Parquet footers; the values' constraints (no nulls, fixed list lengths)
     # hold by construction: every row comes from fixed-width numpy blocks
     validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir), check_data=False)
@@ -535,12 +535,16 @@ def _finish(report: dict, out: Path, n_files: int, n_written: int, split_counts:
                             f"{out}/report.json); {b['file']}: {b['reason']}")
 
 
-def _write(df, path: Path, n_files: int, row_group_mb: float) -> None:
+def _write(df, path: Path, n_files: int, row_group_mb: float, plain: tuple[str, ...] = ()) -> None:
     """Spark Parquet writer with row groups of about ``row_group_mb`` (parquet-mr checks the size
-    every few rows, so LLF rows of 61 kB still give row groups close to the target)."""
+    every few rows, so LLF rows of 61 kB still give row groups close to the target). The float list
+    columns ``plain`` are written without dictionary encoding (their values rarely repeat: the
+    dictionary attempt costs time and is then dropped)."""
     from ..outputs import uri
-    (df.coalesce(n_files).write.mode("overwrite")
-     .option("parquet.block.size", str(max(1, int(row_group_mb * (1 << 20)))))
+    w = df.coalesce(n_files).write.mode("overwrite")
+    for col in plain:
+        w = w.option(f"parquet.enable.dictionary#{col}.list.element", "false")
+    (w.option("parquet.block.size", str(max(1, int(row_group_mb * (1 << 20)))))
      .option("parquet.block.size.row.check.min", "4")
      .option("parquet.block.size.row.check.max", "16")
      .option("parquet.page.size.row.check.min", "4")      # older parquet-mr: also the row-group check
