@@ -2,8 +2,9 @@
 on loopback, IAM enforced): the output is committed with ``_COMPLETE`` and no temporary prefix is
 left, every checkpoint is a set of rank objects plus ``meta.json`` written last, a killed run
 resumes from the newest complete checkpoint on the store and ends bit-identical to an
-uninterrupted run, and bad targets (missing bucket, missing credentials, read-only user, an
-unsupported scheme) are one line, exit code 2, nothing written."""
+uninterrupted run, a lost worker is relaunched from the store, the learning-curve report reads
+runs from and writes its PNG to the store, and bad targets (missing bucket, missing credentials,
+read-only user, an unsupported scheme) are one line, exit code 2, nothing written."""
 from __future__ import annotations
 
 import json
@@ -87,9 +88,16 @@ def test_output_and_checkpoints_on_s3_and_a_killed_run_resumes_from_the_store(s3
     with environment(**s3.env("reader")):
         # everything at the top of the bucket is a committed output or a checkpoint: no temporary prefix, no probe
         top = {k.split("/")[0] for k in _keys(b)}
-        assert top <= {"ref", "ref-ck", "run", "run-ck", "lost", "lost-ck"} and not [t for t in top if t[0] == "."]
+        assert top <= {"ref", "ref-ck", "run", "run-ck", "lost", "lost-ck", "report"} and not [t for t in top if t[0] == "."]
         assert outputs.require_complete(f"{b}/run") == fs.location(f"{b}/run")
         assert "step_00000014" not in {k.split("/")[0] for k in _keys(f"{b}/run-ck")}  # pruned as a leftover
+    # the learning-curve report reads both runs from the store and PUTs its PNG there
+    from pipeline.report.curves import ReportConfig, report
+
+    with environment(**s3.env("writer")):
+        r = report(ReportConfig(runs=[f"{b}/ref", f"{b}/run/metrics.jsonl"], output=f"{b}/report/curves.png"))
+        assert r == {"output": f"{b}/report/curves.png", "runs": 2}
+        assert fs.read_bytes(fs.location(f"{b}/report/curves.png"))[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
