@@ -124,7 +124,7 @@ def _job(argv, capsys):
 
 
 @pytest.mark.parametrize("case", ["no-bucket-output", "no-bucket-checkpoints", "no-credentials", "reader",
-                                  "scheme"])
+                                  "scheme", "tracking"])
 def test_bad_targets_are_one_line_exit_2_and_nothing_written(s3, shards, tmp_path, capsys, case):
     b = f"s3://{s3.bucket}/bad-{case}"
     local_out = tmp_path / "out"
@@ -136,9 +136,11 @@ def test_bad_targets_are_one_line_exit_2_and_nothing_written(s3, shards, tmp_pat
                            "no S3 credentials"),
         "reader": (f"{b}/out", None, "reader", {}, "not writable: access denied"),
         "scheme": ("gs://bucket/out", None, "writer", {}, "gs:// is not supported for outputs"),
+        "tracking": (f"{b}/out", None, "writer", {}, "MLflow's default file store is local; set tracking.uri"),
     }[case]
     argv = ["--manifest", str(shards), "--output", output, "--launcher", "local", "--epochs", "1",
-            "--batch_size", "16", "--progress", "false"] + (["--checkpoint_dir", ck] if ck else [])
+            "--batch_size", "16", "--progress", "false"] + (["--checkpoint_dir", ck] if ck else []) + (
+            ["--tracking.enabled", "true"] if case == "tracking" else [])
     with environment(**{**s3.env(user), **env}):
         rc, err = _job(argv, capsys)
     assert rc == 2 and len(err) == 1, err
