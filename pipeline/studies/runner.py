@@ -281,10 +281,10 @@ def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote
     return done
 
 
-def _failure(plan: StudyPlan, failed: list, out: Path) -> Exception:
+def _failure(plan: StudyPlan, failed: list, report: str) -> Exception:
     cell, seed, err, msg = failed[0]
     text = (f"study {plan.spec.name}: {len(failed)} of {len(plan.runs)} runs failed (the others are in "
-            f"{out / 'report.md'}); first: {cell}, seed {seed}: {type(err).__name__}: {msg}")
+            f"{report}); first: {cell}, seed {seed}: {type(err).__name__}: {msg}")
     return PipelineError(text) if isinstance(err, PipelineError) else RuntimeError(text)
 
 
@@ -317,16 +317,15 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
         raise
     tracker.finish(artifacts, status="FAILED" if done["failed"] else "FINISHED")
     trained, skipped = done["trained"], done["skipped"]
-    where = remote.target if remote else out
-    summary = {"study": spec.name, "output": str(where), "runs": len(plan.runs), "trained": trained,
+    summary = {"study": spec.name, "output": str(target), "runs": len(plan.runs), "trained": trained,
                "skipped": skipped, "failed": [(c, s, m) for c, s, _, m in done["failed"]],
-               "seconds": round(time.time() - t0, 1), "results": str(where.child("results.parquet") if remote else out / "results.parquet"),
-               "report": str(where.child("report.md") if remote else out / "report.md"),
-               "mlflow": getattr(tracker, "uri", None), "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
+               "seconds": round(time.time() - t0, 1), "results": str(target.child("results.parquet")),
+               "report": str(target.child("report.md")), "mlflow": getattr(tracker, "uri", None),
+               "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
     print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
           f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {summary['report']}", flush=True)
     if done["failed"]:
-        raise _failure(plan, done["failed"], out)
+        raise _failure(plan, done["failed"], summary["report"])
     return summary
 
 
