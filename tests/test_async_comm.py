@@ -223,7 +223,7 @@ def test_eawild_centre_and_workers_converge_to_a_common_point(locked):
 
 
 # ---------------------------------------------------------------------------- EA-wild groups
-def _eawild_grouped(rank, world, group_size, tau, alpha, rounds, round_steps, round_s, slow):
+def _eawild_grouped(rank, world, group_size, tau, alpha, rounds, round_steps, round_s, slow, lock=False):
     """EAWild itself (the world communicator, the group allreduce, the holder) on one vector, no gradients."""
     from pipeline.train.algorithms.eawild import EAWild
     from pipeline.train.comm.torch_dist import TorchDistCommunicator
@@ -231,7 +231,7 @@ def _eawild_grouped(rank, world, group_size, tau, alpha, rounds, round_steps, ro
     comm = TorchDistCommunicator()
     x = torch.nn.Parameter(_vector(rank))
     alg = EAWild([x], torch.optim.SGD([x], lr=0.0), comm, tau=tau, alpha=alpha, group_size=group_size,
-                 round_steps=round_steps, round_seconds=round_s, timeout_s=30)
+                 lock=lock, round_steps=round_steps, round_seconds=round_s, timeout_s=30)
     x0 = _gather(x.detach().clone(), world)
     for _ in range(rounds):
         while True:
@@ -249,11 +249,13 @@ def _eawild_grouped(rank, world, group_size, tau, alpha, rounds, round_steps, ro
     return out
 
 
-def test_eawild_groups_reach_a_common_point_with_the_centre():
+@pytest.mark.parametrize("lock", [False, True])
+def test_eawild_groups_reach_a_common_point_with_the_centre(lock):
     """M = 4 in groups of 2 (time-mode rounds, one slow member): only the leaders 0 and 2 push, each
-    group's members stay in step (same step count, same model), and all meet the centre."""
+    group's members stay in step (same step count, same model), and all meet the centre; with the
+    lock too (the leader's group allreduce inside its critical section on the holder)."""
     world = 4
-    out = run_procs(_eawild_grouped, world, 2, 1, 0.2, 3, 40, 0.4, 3)
+    out = run_procs(_eawild_grouped, world, 2, 1, 0.2, 3, 40, 0.4, 3, lock)
     assert all(err is None for _, err in out.values()), out
     r0 = out[0][0]
     steps = [out[r][0]["steps"] for r in range(world)]

@@ -332,8 +332,9 @@ class EAWild(CentreAlgorithm):
         elastic = self._elastic if self.group is None else self._group_elastic
         if self.comm.rank != self.leader:
             elastic(None, a)  # a group member: the group's allreduce only
-        elif self.locked:
-            self.pulled = self._timed(lambda: self.link.locked_update(lambda c: elastic(c, a)))
+        elif self.locked:  # the wait inside the critical section (the group's allreduce too) is timed once
+            update = (lambda c: elastic(c, a)) if self.group is None else (lambda c: self._group_elastic(c, a, False))
+            self.pulled = self._timed(lambda: self.link.locked_update(update))
         else:
             payload = elastic(self.pulled, a)
             self.pulled = self._timed(lambda: self.link.push(payload))
@@ -357,7 +358,7 @@ class EAWild(CentreAlgorithm):
             copy_flat_(self.tensors, x)
         return torch.cat([x, torch.tensor([a], dtype=x.dtype)])
 
-    def _group_elastic(self, c: Optional[torch.Tensor], a: float) -> torch.Tensor:
+    def _group_elastic(self, c: Optional[torch.Tensor], a: float, timed: bool = True) -> torch.Tensor:
         """One allreduce of the group: x <- (1 - a) mean(x_i) + a c (c: the leader's pulled centre);
         returns the push payload [x, a]. Carries the time-mode round flag (any member due)."""
         import time
@@ -370,7 +371,10 @@ class EAWild(CentreAlgorithm):
         if c is not None:
             v[:-1].add_(c.to(x.dtype), alpha=g * a)
         v = v.to(self.tensors[0].device)  # the world backend's device (NCCL: the GPU)
-        self._timed(lambda: self.comm.allreduce_mean_([v], group=self.group))
+        if timed:
+            self._timed(lambda: self.comm.allreduce_mean_([v], group=self.group))
+        else:
+            self.comm.allreduce_mean_([v], group=self.group)
         v = v.cpu()
         self._group_due = bool(v[-1] > 0)
         x = v[:-1]
