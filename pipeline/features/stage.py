@@ -444,14 +444,22 @@ def _scaling(units: list[Chunk], st: dict, t: _Tally, asg: Assignment):
 
 
 def _write_datasets(final, tmp: Path, cfg: FeaturesConfig, n_written: int, schema_dir: Path) -> None:
-    """``hlf/`` and ``llf/`` (file count from ``file_mb``), checked against their schemas."""
+    """``hlf/`` and ``llf/`` (file count from ``file_mb``), checked against their schemas. The two
+    Spark writes run at the same time (two driver threads), so that the cores one leaves idle
+    (each writes as few files as ``file_mb`` gives) work on the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..schemas import load_schema, validate_parquet
 
     n_llf_files = max(1, math.ceil(n_written * (LLF_SIZE + N_HLF) * 4 / (cfg.file_mb << 20)))
     n_hlf_files = max(1, math.ceil(n_written * N_HLF * 4 / (cfg.file_mb << 20)))
-    _write(final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files, cfg.hlf_row_group_mb)
-    _write(final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"), tmp / "llf",
-           n_llf_files, cfg.llf_row_group_mb, plain=("llf",))
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(_write, final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"),
+                            tmp / "llf", n_llf_files, cfg.llf_row_group_mb, ("llf",)),
+                pool.submit(_write, final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files,
+                            cfg.hlf_row_group_mb)]
+        for job in jobs:
+            job.result()
     # the schema from the Parquet footers; the values' constraints (no nulls, fixed list lengths)
     # hold by construction: every row comes from fixed-width numpy blocks
     validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir), check_data=False)
