@@ -149,3 +149,14 @@ def test_bad_targets_are_one_line_exit_2_and_nothing_written(s3, shards, tmp_pat
     with environment(**s3.env("writer")):
         assert _keys(f"s3://{s3.bucket}/bad-{case}") == []
     assert not local_out.exists()
+
+
+def test_a_staging_directory_without_rank_0_files_is_never_committed(tmp_path):
+    from pipeline.errors import ConfigError
+    from pipeline.train.launch import _check_staged
+
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"output s3://b/out: rank 0 wrote no model.pt into the driver's staging"):
+        _check_staged(tmp_path, fs.location("s3://b/out"))
+    (tmp_path / "model.pt").write_bytes(b"x")
+    _check_staged(tmp_path, fs.location("s3://b/out"))

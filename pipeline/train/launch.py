@@ -379,6 +379,7 @@ def train(cfg: TrainConfig, spark=None) -> dict:
             return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(tmp), str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
+        _check_staged(tmp, final)
         restart.record_restarts(tmp / "metrics.jsonl", restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)
         summary.update({"resumed_from": str(start) if start else None, "restarts": restarts})
@@ -387,6 +388,16 @@ def train(cfg: TrainConfig, spark=None) -> dict:
              summary["seconds"], f" ({len(restarts)} restart(s))" if restarts else "")
     summary["ranks"] = results[0]["ranks"]  # per-rank details (digests, comm stats); not in summary.json
     return summary
+
+
+def _check_staged(tmp: Path, final: Location) -> None:
+    """Rank 0 writes metrics.jsonl and model.pt into the driver's directory ``tmp``: a rank 0 on
+    another machine (no shared disk) leaves it empty, which must not be committed as an output."""
+    missing = [f for f in ("metrics.jsonl", "model.pt") if not (tmp / f).is_file()]
+    if missing:
+        raise ConfigError(f"output {final}: rank 0 wrote no {' or '.join(missing)} into the driver's staging "
+                          f"directory {tmp}: rank 0 ran on another machine; use an output every worker can "
+                          "reach (a shared disk), or run rank 0 on the driver's machine for an s3:// output")
 
 
 def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, seconds: float) -> dict:
