@@ -88,7 +88,8 @@ def test_output_and_checkpoints_on_s3_and_a_killed_run_resumes_from_the_store(s3
     with environment(**s3.env("reader")):
         # everything at the top of the bucket is a committed output or a checkpoint: no temporary prefix, no probe
         top = {k.split("/")[0] for k in _keys(b)}
-        assert top <= {"ref", "ref-ck", "run", "run-ck", "lost", "lost-ck", "report"} and not [t for t in top if t[0] == "."]
+        assert top <= {"ref", "ref-ck", "run", "run-ck", "lost", "lost-ck", "report"}
+        assert not [t for t in top if t.startswith(".")]
         assert outputs.require_complete(f"{b}/run") == fs.location(f"{b}/run")
         assert "step_00000014" not in {k.split("/")[0] for k in _keys(f"{b}/run-ck")}  # pruned as a leftover
     # the learning-curve report reads both runs from the store and PUTs its PNG there
@@ -129,7 +130,8 @@ def test_bad_targets_are_one_line_exit_2_and_nothing_written(s3, shards, tmp_pat
     b = f"s3://{s3.bucket}/bad-{case}"
     local_out = tmp_path / "out"
     output, ck, user, env, needle = {
-        "no-bucket-output": ("s3://no-such-bucket/out", None, "writer", {}, "the bucket 'no-such-bucket' does not exist"),
+        "no-bucket-output": ("s3://no-such-bucket/out", None, "writer", {},
+                             "the bucket 'no-such-bucket' does not exist"),
         "no-bucket-checkpoints": (str(local_out), "s3://no-such-bucket/ck", "writer", {},
                                   "the bucket 'no-such-bucket' does not exist"),
         "no-credentials": (f"{b}/out", None, "writer", {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""},
