@@ -1,6 +1,7 @@
 """ROOT -> Parquet ingestion on the real coffea sample files (Delphes, NanoAOD, broken, empty)."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -194,6 +195,33 @@ def test_every_branch_of_delphes_with_the_type_of_a_real_read(spark, delphes_roo
         assert str(table.schema.field(name).type).replace(" not null", "") == str(real.type).replace(" not null", "")
         assert table.column(name).slice(10, 10).to_pylist() == real.to_pylist()
 
+
+
+def test_first_file_read_for_the_schema_is_written_as_the_other_files(spark, delphes_root, tmp_path):
+    """Every branch, files of one chunk each: the driver reads the first file whole for the schema
+    and writes that table itself; its part equals the part a Spark task writes for a copy of it,
+    and both equal uproot's read."""
+    import pyarrow.parquet as pq
+    import uproot
+
+    copy = tmp_path / "copy.root"
+    copy.symlink_to(delphes_root)
+    ref = plan_chunks([str(delphes_root)], "Delphes", ["*"], stop_after_first_good=True, keep_first_chunk=True)
+    assert ref.first_table is not None and ref.first_table.num_rows == 25
+    out = tmp_path / "all"
+    rep = ingest_root(IngestRootConfig(input=[str(delphes_root), str(copy)], tree="Delphes", output=str(out),
+                                       schema_dir=str(tmp_path / "schemas")), spark=spark)
+    assert rep["rows"] == 50 and not rep["bad_files"]
+    assert [[(p["part"], p["entry_start"], p["entry_stop"], p["rows"]) for p in f["parts"]] for f in rep["files"]] == \
+        [[("part-f00000-c00000.parquet", 0, 25, 25)], [("part-f00001-c00000.parquet", 0, 25, 25)]]
+    first, second = (pq.read_table(out / f"part-f0000{i}-c00000.parquet") for i in (0, 1))
+    assert first.schema == second.schema and first.num_columns == len(rep["branches"]) > 1000
+    assert first.equals(second)
+    t = uproot.open(delphes_root)["Delphes"]
+    for name in ("Event.Number", "EFlowTrack.PT", "Jet.BTag"):
+        assert first.column(name).to_pylist() == t[name].array(library="ak").tolist()
+    del ref, first, second, t
+    gc.collect()          # the Delphes object graphs: not in the next test's deadline window
 
 @pytest.mark.timeout(300)                      # a hang fails here, not at the suite's limit
 @pytest.mark.parametrize("hang_first", [True, False], ids=["on-the-driver", "in-a-spark-task"])

@@ -9,8 +9,10 @@ Design
    ``arrays`` call) and resolves the branch selection (uproot ``filter_name`` semantics: exact
    names, globs, ``/regex/``; an RNTuple's top-level fields are its branches). The Arrow schema
    comes from a REAL read of the first entry (a zero-entry read gives other types for arrays of
-   ROOT objects such as ``TLorentzVector[5]``): jagged branches are ``list<T>``, fixed-size arrays
-   (``float[5]``) ``fixed_size_list``, unsigned types stay unsigned, ROOT objects become structs.
+   ROOT objects such as ``TLorentzVector[5]``); when the first good file is one chunk, the
+   driver reads it whole for the schema and writes that part itself, so that no task reads the
+   file a second time. Parts are written with :data:`PARQUET_WRITE_OPTIONS`. Jagged branches
+   are ``list<T>``, fixed-size arrays (``float[5]``) ``fixed_size_list``, unsigned types stay unsigned, ROOT objects become structs.
    Every branch uproot reads and Parquet stores is converted; one that fails is skipped with one
    log line naming it and its ROOT type (asking for it by its exact name is an error). Container
    branches (whose members are branches) and an RNTuple's ``_collectionN`` storage fields (whose
@@ -156,6 +158,7 @@ class Plan:
     chunks: list[Chunk]
     branches: list[str] = field(default_factory=list)   # resolved on the first good file
     schema: Any = None                                   # their Arrow schema (pyarrow.Schema)
+    first_table: Any = None    # keep_first_chunk: the first good file's only chunk, read for the schema
 
     @property
     def bad(self) -> list[BadFile]:
@@ -412,6 +415,15 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
     if unusable. ``resolved`` is the branch list fixed by the first good file (None: resolve it
     here, with its Arrow schema; otherwise the schema is None).
     """
+    return _plan_file(path, tree, filter_name, resolved, mode, size, entry_start, entry_stop)[:5]
+
+
+def _plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[list[str]], mode: str, size: int,
+               entry_start: Optional[int] = None, entry_stop: Optional[int] = None, keep_chunk: bool = False):
+    """:func:`plan_file` plus the table the schema was read from. With ``keep_chunk``, a file
+    (resolving the branches) whose entries [0, stop) are one chunk is read whole for its schema,
+    so that the caller can write that table instead of reading the file a second time; otherwise
+    the table holds the first entry only."""
     t = open_tree(path, tree)
     by_name = _branches_by_name(t)
     matched, missing = _match(filter_name, list(by_name))
@@ -419,18 +431,22 @@ def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[l
         raise BadInputError(f"missing branch {missing[0]!r} in tree {tree!r}")
     if not matched:
         raise BadInputError(f"no branch of tree {tree!r} matches {filter_name}")
-    schema = None
-    if resolved is None:
-        resolved, schema = _supported(t, matched, filter_name)
-    else:
-        have = set(matched)
-        absent = [b for b in resolved if b not in have]
-        if absent:
-            raise BadInputError(f"missing branch {absent[0]!r} in tree {tree!r}")
     n = int(t.num_entries)
     a = min(entry_start or 0, n)
     b = n if entry_stop is None else min(entry_stop, n)
-    return t, resolved, max(0, b - a), _ranges(t, by_name, resolved, mode, size, a, b), schema
+    schema = table = None
+    if resolved is None:       # the matched branches' size bounds the converted ones' from above
+        whole = keep_chunk and a == 0 and len(_ranges(t, by_name, matched, mode, size, a, b)) <= 1
+        resolved, schema, table = _supported(t, matched, filter_name, b if whole else 1)
+    else:
+        have = set(matched)
+        absent = [x for x in resolved if x not in have]
+        if absent:
+            raise BadInputError(f"missing branch {absent[0]!r} in tree {tree!r}")
+    ranges = _ranges(t, by_name, resolved, mode, size, a, b)
+    if table is not None and (ranges != [(0, table.num_rows)] or table.num_rows == 0):
+        table = None
+    return t, resolved, max(0, b - a), ranges, schema, table
 
 
 def _error_text(e: BaseException) -> str:
@@ -440,15 +456,16 @@ def _error_text(e: BaseException) -> str:
 def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: Union[int, str] = "100 MB",
                 entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
                 progress: bool = True, stop_after_first_good: bool = False,
-                file_timeout_s: Optional[float] = FILE_TIMEOUT_S) -> Plan:
+                file_timeout_s: Optional[float] = FILE_TIMEOUT_S, keep_first_chunk: bool = False) -> Plan:
     """Open each file's tree metadata on the driver and cut it into chunks; bad files (also one
     that takes longer than ``file_timeout_s``) are recorded, not raised. The branch selection and
-    the Arrow schema come from the first good file."""
+    the Arrow schema come from the first good file; with ``keep_first_chunk``, when that file is
+    one chunk starting at entry 0, it is read whole for the schema and kept as ``first_table``."""
     mode, size = parse_step_size(step_size)
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
     resolved: Optional[list[str]] = None
-    schema = None
+    schema = first_table = None
     it: Iterable = enumerate(files)
     if progress and len(files) > 3 and not stop_after_first_good:
         from tqdm import tqdm
@@ -458,10 +475,11 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
         infos.append(info)
         try:
             with read_deadline(file_timeout_s):
-                t, branches, info.entries, ranges, found = plan_file(path, tree, filter_name, resolved, mode,
-                                                                     size, entry_start, entry_stop)
+                t, branches, info.entries, ranges, found, table = _plan_file(
+                    path, tree, filter_name, resolved, mode, size, entry_start, entry_stop,
+                    keep_chunk=keep_first_chunk and resolved is None)
             if resolved is None:
-                resolved, schema = branches, found
+                resolved, schema, first_table = branches, found, (table if keep_first_chunk else None)
             for x, y in ranges:
                 chunks.append(Chunk(len(chunks), i, path, tree, x, y))
                 info.chunks += 1
@@ -471,7 +489,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
             continue
         if stop_after_first_good:
             break
-    return Plan(infos, chunks, resolved or [], schema)
+    return Plan(infos, chunks, resolved or [], schema, first_table)
 
 
 #: an RNTuple's storage field of a collection whose members are also top-level (projected) fields
@@ -502,29 +520,29 @@ def _root_type(t, name: str) -> str:
         return "?"
 
 
-def _probe(t, names: list[str]):
-    """The Arrow table of a real read of the first entry (none for an empty tree), written to an
+def _probe(t, names: list[str], stop: int = 1):
+    """The Arrow table of a real read of entries [0, stop) (none for an empty tree), written to an
     in-memory Parquet file: what a task will produce, or the exception that stops it."""
     import io
 
     import pyarrow.parquet as pq
 
-    table = to_arrow(read_arrays(t, names, 0, min(1, int(t.num_entries))))
-    pq.write_table(table, io.BytesIO())
+    table = to_arrow(read_arrays(t, names, 0, min(stop, int(t.num_entries))))
+    pq.write_table(table, io.BytesIO(), compression="none", use_dictionary=False)
     return table
 
 
-def _supported(t, matched: list[str], patterns: list[str]):
-    """(branches, Arrow schema): the matched branches (fields) that uproot reads and Parquet stores,
-    with the types of a REAL read (a zero-entry read gives other types for arrays of ROOT
-    objects). A branch that fails is skipped with one log line naming it and its ROOT type, or is
-    an error when it was asked for by its exact name."""
+def _supported(t, matched: list[str], patterns: list[str], stop: int = 1):
+    """(branches, Arrow schema, table of entries [0, stop)): the matched branches (fields) that
+    uproot reads and Parquet stores, with the types of a REAL read (a zero-entry read gives other
+    types for arrays of ROOT objects). A branch that fails is skipped with one log line naming it
+    and its ROOT type, or is an error when it was asked for by its exact name."""
     names, skipped = _candidates(t, matched, patterns)
     if skipped:
         log.info("skipping %d container/collection branch(es) whose members are branches (e.g. %s)",
                  len(skipped), ", ".join(skipped[:3]))
     try:
-        table = _probe(t, names)
+        table = _probe(t, names, stop)
     except ReadTimeout:
         raise
     except Exception:  # noqa: BLE001 - find the branches that fail, one by one
@@ -545,8 +563,8 @@ def _supported(t, matched: list[str], patterns: list[str]):
         for why in failed:
             log.warning("skipping %s", why)
         names = good
-        table = _probe(t, names)
-    return names, _declared_types(t, table.schema)
+        table = _probe(t, names, stop)
+    return names, _declared_types(t, table.schema), table
 
 
 def _declared_types(t, schema):
@@ -641,9 +659,26 @@ def part_name(file_index: int, chunk_id: int) -> str:
 def _convert(t, branches: list[str], schema, a: int, b: int, out_dir: str, part: str,
              row_group_rows: Optional[int]) -> tuple[int, int]:
     """Read entries [a, b) of tree ``t``, write ``out_dir/part``; (rows, bytes). No file for 0 rows."""
+    return _write_part(to_arrow(read_arrays(t, branches, a, b)), schema, out_dir, part, row_group_rows)
+
+
+def schema_bytes(schema) -> bytes:
+    """An Arrow schema for the Spark tasks, as Arrow IPC bytes: pickling a ``pyarrow.Schema``
+    drops the value field of a ``fixed_size_list`` (its name and ``not null``), and the tasks
+    would then cast every chunk to a schema other than the one the driver records."""
+    return schema.serialize().to_pybytes()
+
+
+def _as_schema(schema):
+    import pyarrow as pa
+
+    return pa.ipc.read_schema(pa.py_buffer(schema)) if isinstance(schema, bytes) else schema
+
+
+def _write_part(table, schema, out_dir: str, part: str, row_group_rows: Optional[int]) -> tuple[int, int]:
+    """Write ``table`` (cast to ``schema``) as ``out_dir/part``; (rows, bytes). No file for 0 rows."""
     import pyarrow.parquet as pq
 
-    table = to_arrow(read_arrays(t, branches, a, b))
     if table.schema != schema:
         table = _conform(table, schema)
     if table.num_rows == 0:
@@ -661,6 +696,7 @@ def _scan_partition(batches: Iterator, *, tree: str, filter_name: list[str], bra
     Opening (and converting) one file takes at most ``file_timeout_s``."""
     import pyarrow as pa
 
+    schema = _as_schema(schema)
     for batch in batches:
         d = batch.to_pydict()
         rows = []
@@ -697,6 +733,7 @@ def _ingest_partition(batches: Iterator, *, branches: list[str], schema, out_dir
     write its part, yield a status row."""
     import pyarrow as pa
 
+    schema = _as_schema(schema)
     for batch in batches:
         d = batch.to_pydict()
         rows = []
@@ -770,7 +807,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     mode, size = parse_step_size(cfg.step_size)
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
-                      stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s)
+                      stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True)
     if ref.schema is None:
         raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
     errors = {f.file_index: f.error for f in ref.files if f.error}
@@ -778,13 +815,17 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     branches, schema = ref.branches, ref.schema
     spark = spark or get_spark(cfg.spark)
     with atomic_output_dir(cfg.output) as tmp:
-        todo = [(i, p) for i, p in enumerate(files) if i >= first_good]
-        fdf = task_frame(spark, todo, "file_index int, path string")
+        first = _write_first(ref, first_good, schema, str(tmp), cfg.row_group_rows)
+        todo = [(i, p) for i, p in enumerate(files) if i >= first_good and not (first and i == first_good)]
         scan = functools.partial(_scan_partition, tree=cfg.tree, filter_name=cfg.filter_name, branches=branches,
-                                 schema=schema, out_dir=str(tmp), mode=mode, size=size,
+                                 schema=schema_bytes(schema), out_dir=str(tmp), mode=mode, size=size,
                                  entry_start=cfg.entry_start, entry_stop=cfg.entry_stop,
                                  row_group_rows=cfg.row_group_rows, file_timeout_s=cfg.file_timeout_s)
-        scanned = {r["file_index"]: r.asDict() for r in fdf.mapInArrow(spark_task(scan), _spark_schema(SCAN_FIELDS)).collect()}
+        scanned = dict(first)
+        if todo:
+            fdf = task_frame(spark, todo, "file_index int, path string")
+            scanned.update((r["file_index"], r.asDict()) for r in
+                           fdf.mapInArrow(spark_task(scan), _spark_schema(SCAN_FIELDS)).collect())
         chunks = []
         for fi, r in sorted(scanned.items()):
             if not r["error"] and not r["done"]:
@@ -794,7 +835,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         if chunks:
             log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
                      len({c.file_index for c in chunks}))
-            fn = functools.partial(_ingest_partition, branches=branches, schema=schema, out_dir=str(tmp),
+            fn = functools.partial(_ingest_partition, branches=branches, schema=schema_bytes(schema), out_dir=str(tmp),
                                    row_group_rows=cfg.row_group_rows, file_timeout_s=cfg.file_timeout_s)
             statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
                 spark_task(fn), _spark_schema(STATUS_FIELDS)).collect()]
@@ -825,6 +866,23 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         raise BadInputError(f"{len(report['bad_files'])} of {len(files)} input file(s) failed (see "
                             f"{report['output']}/_report.json); {b['file']}: {b['reason']}")
     return report
+
+
+def _write_first(ref: Plan, fi: int, schema, out_dir: str, row_group_rows: Optional[int]) -> dict:
+    """The first good file, when the driver read it whole for the schema (one chunk): written here
+    rather than read again by a task; its scan row ({} when a task must convert it)."""
+    table, ref.first_table = ref.first_table, None
+    if table is None:
+        return {}
+    part = part_name(fi, 0)
+    try:
+        n, _ = _write_part(table, schema, out_dir, part, row_group_rows)
+    except Exception as e:  # noqa: BLE001 - a task converts it and reports it
+        log.info("first file written by a task (%s)", _first_line(e))
+        _remove_part(out_dir, part)
+        return {}
+    return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [0], "stops": [table.num_rows],
+                 "rows": [n], "parts": [part if n else None], "done": True, "error": None}}
 
 
 def _summarise(files: list[str], errors: dict, scanned: dict, chunks: list[Chunk], statuses: list[dict],
