@@ -5,10 +5,12 @@ under SlowMo, and logs the asynchronous measurements."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from pipeline.errors import ConfigError
+from pipeline.studies.results import run_metrics
 from pipeline.train.algorithms.async_common import check_launcher
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
@@ -75,6 +77,11 @@ def test_async_algorithm_reaches_arsgd_accuracy_after_the_same_samples(case, dig
     if case == "eawild_groups":  # only the group leaders 0 and 2 push: the members' averaging rate is 0
         rates = [r["averaging_rate"] for r in val]
         assert all(a[1] == a[3] == 0 and a[0] > 0 and a[2] > 0 for a in rates), rates
+    if CASES[case]["name"] != "slowmo":  # the point-to-point payload reaches summary.json and a study's row
+        on_disk = json.loads((Path(s["metrics"]).parent / "summary.json").read_text())["comm"]
+        p2p = sum(c.get("p2p_bytes_sent", 0) for c in on_disk)
+        assert p2p > 0, on_disk
+        assert run_metrics(Path(s["metrics"]).parent)["bytes_sent"] == sum(c["bytes_sent"] for c in on_disk) + p2p
 
 
 def test_eawild_group_size_must_divide_the_workers(tmp_path, capsys):

@@ -79,7 +79,8 @@ def run_metrics(train_dir: Path, target: Optional[float] = None) -> dict:
         "train_seconds": _num(summary.get("train_seconds")),
         "seconds": _num(summary.get("seconds")),
         "samples_per_s": sps,
-        "bytes_sent": float(sum(_num(c.get("bytes_sent")) for c in comm)) if comm else NAN,
+        "bytes_sent": float(sum(_num(c.get("bytes_sent")) + _num(c.get("p2p_bytes_sent", 0)) for c in comm))
+        if comm else NAN,
         "bytes_sent_per_step": _num(final.get("bytes_sent_per_step")),
         "wire_bytes": _num(final.get("wire_bytes_written")),
         "comm_fraction": _num(final.get("comm_fraction")),

@@ -41,7 +41,8 @@ METRICS: dict[str, str] = {
     "train_seconds": "training time (rank 0, excluding evaluation)",
     "seconds": "wall time of the training stage (launch included)",
     "samples_per_s": "global training samples per second over the run",
-    "bytes_sent": "payload bytes handed to the communicator, summed over the workers",
+    "bytes_sent": "payload bytes handed to the communicator (collectives and the asynchronous algorithms' "
+                  "point-to-point exchanges), summed over the workers",
     "bytes_sent_per_step": "payload bytes per step, rank 0",
     "wire_bytes": "bytes rank 0 wrote through system calls during training (/proc/self/io)",
     "comm_fraction": "fraction of rank 0's training time spent communicating",

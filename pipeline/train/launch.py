@@ -407,7 +407,9 @@ def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, second
         "workers": plan["workers"], "steps": r0["steps"], "samples_processed": r0["samples_processed"],
         "overlap_epochs": plan["overlap_epochs"], "copies": plan["copies"], "eval_every": plan["eval_every"],
         "train_seconds": r0["train_seconds"], "seconds": seconds, "device": r0["device"],
-        "comm": [r["comm"] for r in r0["ranks"]],
+        # collective traffic per rank, plus the point-to-point payload of the asynchronous algorithms
+        "comm": [{**r["comm"], **{k: r[k] for k in ("p2p_bytes_sent", "p2p_messages") if k in r}}
+                 for r in r0["ranks"]],
         "final_digests": [r["final_digest"] for r in r0["ranks"]],
         "metrics": str(final.child("metrics.jsonl")), "model_path": str(final.child("model.pt")),
         "checkpoint": (str(r0["checkpoint"]) if r0.get("checkpoint") else None), "checkpoint_dir": str(ck),
