@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import BadInputError
+from .errors import BadInputError, ConfigError
 from .fs import Location, check_writable, delete_tree, exists, location, move_tree, read_bytes, upload_tree, write_bytes
 
 COMPLETE_MARKER = "_COMPLETE"
@@ -67,6 +67,18 @@ def atomic_output_dir(final: str | os.PathLike, overwrite: bool = True) -> Itera
         _commit_remote(staging, loc)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_staging(master: str, out: str | os.PathLike | Location, stage: str) -> None:
+    """An object-store output of a Spark stage is staged in a local directory of the driver that the
+    executors write into (:func:`atomic_output_dir`): that needs the executors on the driver's
+    machine, i.e. a local master (``local[*]``, ``local-cluster[...]``). ConfigError otherwise, before
+    any work. Local and shared-filesystem outputs pass on any master."""
+    loc = out if isinstance(out, Location) else location(out, output=True)
+    if not loc.is_local and not master.startswith("local"):
+        raise ConfigError(f"output={loc}: the {stage} stage writes an object-store output through the driver's "
+                          f"local staging directory, which the executors of spark.master={master} cannot reach; "
+                          "write to a shared filesystem path instead (docs/storage.md)")
 
 
 @contextlib.contextmanager

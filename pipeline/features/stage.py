@@ -305,12 +305,14 @@ def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int =
 
 def plan_features(cfg: FeaturesConfig) -> dict:
     """--dry-run: inputs and outputs (Spark is not started)."""
-    out = Path(cfg.output).expanduser().absolute()
+    from ..fs import location
+
+    out = location(cfg.output, output=True)
     raw = cfg.input if cfg.input is not None else [f for s in cfg.samples for f in s.files]
     return {"inputs": raw, "samples": [s.model_dump() for s in cfg.samples],
             "required_branches": list(D.REQUIRED_BRANCHES),
-            "outputs": {"hlf": str(out / "hlf"), "llf": str(out / "llf"), "scaling": str(out / "scaling.json"),
-                        "report": str(out / "report.json")}}
+            "outputs": {"hlf": str(out.child("hlf")), "llf": str(out.child("llf")),
+                        "scaling": str(out.child("scaling.json")), "report": str(out.child("report.json"))}}
 
 
 @dataclass
@@ -480,7 +482,8 @@ def _per_file(files: list[FileInfo], labels: dict, t: _Tally, written: dict) -> 
 def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
     "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
-    from ..outputs import atomic_output_dir, write_json
+    from ..fs import check_writable, location
+    from ..outputs import atomic_output_dir, check_staging, write_json
     from ..schemas import SCHEMA_DIR, load_schema
     from ..spark import get_spark
 
@@ -495,8 +498,10 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         first = files[0] if files else None
         raise BadInputError(f"no input file could be used; {first.path}: {first.error}" if first
                             else "no input files")
+    out = location(cfg.output, output=True)  # a local path or s3:// (staged on the driver's disk)
+    check_writable(out)
     spark = spark or get_spark(cfg.spark)
-    out = Path(cfg.output).expanduser().absolute()
+    check_staging(spark.sparkContext.master, out, "feature")
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     with atomic_output_dir(out) as tmp:
         feat, st = _run_units(spark, units, labels, t_start, cfg.file_timeout_s)
@@ -522,15 +527,15 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
                   "classes": {str(lab): {s: counts[(s, lab)] for s in ("train", "val", "test")}
                               for lab in tally.per_label},
                   "seed": cfg.seed, "balance_classes": cfg.balance_classes,
-                  "hlf": str(out / "hlf"), "llf": str(out / "llf"), "scaling": str(out / "scaling.json"),
-                  "report": str(out / "report.json"), "hlf_names": list(HLF_NAMES), "llf_names": list(LLF_NAMES),
+                  "hlf": str(out.child("hlf")), "llf": str(out.child("llf")),
+                  "scaling": str(out.child("scaling.json")), "report": str(out.child("report.json")), "hlf_names": list(HLF_NAMES), "llf_names": list(LLF_NAMES),
                   "seconds": round(time.time() - t_start, 3)}
         write_json(tmp / "report.json", report)
     _finish(report, out, len(files), n_written, split_counts, cfg.allow_bad_files)
     return report
 
 
-def _finish(report: dict, out: Path, n_files: int, n_written: int, split_counts: dict, allow_bad: bool) -> None:
+def _finish(report: dict, out, n_files: int, n_written: int, split_counts: dict, allow_bad: bool) -> None:
     """One line per file on stdout; BadInputError naming the first bad file unless ``allow_bad``."""
     for p in report["files"]:
         state = f" FAILED: {p['error']}" if p["error"] else ""

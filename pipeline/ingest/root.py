@@ -798,7 +798,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     import functools
 
     from ..fs import location
-    from ..outputs import atomic_output_dir, write_json
+    from ..outputs import atomic_output_dir, check_staging, write_json
     from ..schemas import register_schema
     from ..spark import get_spark
 
@@ -814,6 +814,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     first_good = len(ref.files) - 1
     branches, schema = ref.branches, ref.schema
     spark = spark or get_spark(cfg.spark)
+    check_staging(spark.sparkContext.master, cfg.output, "ROOT ingestion")
     with atomic_output_dir(cfg.output) as tmp:
         first = _write_first(ref, first_good, schema, str(tmp), cfg.row_group_rows)
         todo = [(i, p) for i, p in enumerate(files) if i >= first_good and not (first and i == first_good)]

@@ -68,6 +68,7 @@ from pydantic import Field
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..fs import Location, check_writable, location
+from .. import outputs
 from ..outputs import atomic_output_dir, local_path, require_exists, uri
 from ..schemas import parquet_schema
 from ..spark import spark_task
@@ -131,10 +132,7 @@ def plan_shard(cfg: ShardConfig) -> dict:
 def check_staging(master: str, out: Location) -> None:
     """The writer tasks write into the driver's local staging directory: an object-store output
     needs them on the driver's machine (a local master). ConfigError otherwise."""
-    if not out.is_local and not master.startswith("local"):
-        raise ConfigError(f"output={out}: the shard stage writes an object-store output through the driver's "
-                          f"local staging directory, which the executors of spark.master={master} cannot reach; "
-                          "write to a shared filesystem path instead")
+    outputs.check_staging(master, out, "shard")
 
 
 # ----------------------------------------------------------------------------- input checks
