@@ -173,6 +173,12 @@ def exists(loc: Location) -> bool:
     return _file_type(loc) != pafs.FileType.NotFound
 
 
+def is_file(loc: Location) -> bool:
+    import pyarrow.fs as pafs
+
+    return _file_type(loc) == pafs.FileType.File
+
+
 def is_dir(loc: Location) -> bool:
     import pyarrow.fs as pafs
 

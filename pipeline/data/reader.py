@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..features.layout import N_HLF, N_LLF_FEATURES, N_PARTICLES
-from ..fs import exists, location
+from ..fs import is_file, location
 from ..shards.manifest import ShardManifest, WorkerShard, load_manifest, shard_dir_exists  # noqa: F401 - the reader's manifest API
 FEATURE_COLUMNS = {
     "image": ["image", "height", "width", "channels", "label"],
@@ -54,9 +54,9 @@ def load_scaling(path: Optional[str]) -> Optional[dict]:
     from ..features.scaling import ScalingModel
 
     loc = location(path)
-    if not (Path(loc.path).is_file() if loc.is_local else exists(loc)):
+    if not is_file(loc):
         raise BadInputError(f"scaling file not found: {loc}")
-    m = ScalingModel.load(Path(loc.path) if loc.is_local else str(loc))
+    m = ScalingModel.load(str(loc))
     return {"hlf": {"mean": m.hlf_mean.tolist(), "std": m.hlf_std.tolist()},
             "llf": {"mean": m.llf_mean.tolist(), "std": m.llf_std.tolist()}}
 

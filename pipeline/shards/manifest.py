@@ -17,7 +17,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from ..errors import BadInputError
-from ..fs import Location, exists, is_dir, location, read_bytes
+from ..fs import Location, is_dir, is_file, location, read_bytes
 from ..outputs import require_complete
 
 MANIFEST_FORMAT = "hep-pipeline-shards/1"
@@ -129,13 +129,10 @@ def load_manifest(path: str) -> ShardManifest:
     directories as URIs on the same store).
     """
     loc = location(path)
-    if loc.is_local:
-        if not Path(loc.path).is_file():
-            raise BadInputError(f"shard manifest not found: {loc}")
-    else:
+    if not loc.is_local:
         require_complete(str(Location(loc.scheme, posixpath.dirname(loc.path))), "shard directory")
-        if not exists(loc):
-            raise BadInputError(f"shard manifest not found: {loc}")
+    if not is_file(loc):
+        raise BadInputError(f"shard manifest not found: {loc}")
     try:
         raw = json.loads(read_bytes(loc))
     except json.JSONDecodeError as e:
@@ -155,5 +152,4 @@ def load_manifest(path: str) -> ShardManifest:
 
 def shard_dir_exists(path: str) -> bool:
     """A worker or eval directory of the manifest exists (a local directory or a non-empty prefix)."""
-    loc = location(path)
-    return Path(loc.path).is_dir() if loc.is_local else is_dir(loc)
+    return is_dir(location(path))

@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import BadInputError, ConfigError
-from ..fs import Location, delete_tree, list_files, location, read_bytes, write_bytes
+from ..fs import Location, delete_tree, is_file, list_files, location, read_bytes, write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +93,7 @@ def _read(f: Path | Location) -> Optional[bytes]:
     """The bytes of ``f``, None when it does not exist."""
     if isinstance(f, Path):
         return f.read_bytes() if f.is_file() else None
-    try:
-        return read_bytes(f)
-    except BadInputError as e:
-        if str(e).endswith(": not found"):
-            return None
-        raise
+    return read_bytes(f) if is_file(f) else None
 
 
 def rank_file(rank: int) -> str:
