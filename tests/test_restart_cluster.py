@@ -4,6 +4,7 @@ checkpoint and the run ends like the uninterrupted one. M = 4 with the local lau
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -26,8 +27,9 @@ def _shards(tmp_path, workers):
 
 
 def _base(man, **kw):
+    # stall_timeout: a survivor blocked on its killed peer is ended (and counted as the same failure)
     d = dict(manifest=str(man), epochs=2, batch_size=16, optimizer="sgd", lr=0.05, checkpoint_every=3,
-             progress=False, algorithm={"name": "arsgd"})
+             progress=False, algorithm={"name": "arsgd"}, stall_timeout=60)
     d.update(kw)
     return d
 
@@ -52,6 +54,21 @@ def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, t
     ref = train(TrainConfig(output=str(tmp_path / "ref"), **base), spark)
     run = train(TrainConfig(output=str(tmp_path / "run"), debug=KILL, **base), spark)
     _check_restart(run, ref, None, 6)
+
+
+@pytest.mark.timeout(900)
+def test_a_blocked_horovod_worker_is_ended_by_the_watchdog_and_the_run_relaunched(spark, tmp_path):
+    """Rank 1 blocks for good after step 7 (a deadlock); rank 0 then waits in its next allreduce.
+    Both watchdogs end their processes after stall_timeout, Horovod reports the failed launch,
+    and the relaunch from step 6 ends like the uninterrupted run."""
+    man = _shards(tmp_path, 2)
+    base = _base(man, launcher="horovod", stall_timeout=8)
+    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base), spark)
+    t0 = time.monotonic()
+    run = train(TrainConfig(output=str(tmp_path / "run"), debug={**KILL, "fail_mode": "hang"}, **base), spark)
+    _check_restart(run, ref, None, 6)
+    assert "exit code: 75" in run["restarts"][0]["failure"].lower()
+    assert time.monotonic() - t0 < 300
 
 
 @pytest.mark.timeout(1500)

@@ -81,8 +81,9 @@ class DebugConfig(BaseModel):
     record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
     fail_at_step: Optional[int] = Field(None, gt=0, description="simulate a crash right after this step")
     fail_rank: Optional[int] = Field(None, ge=0, description="only this rank crashes (default: every rank)")
-    fail_mode: Literal["raise", "kill"] = Field(
-        "raise", description="raise: RuntimeError in the worker | kill: the worker process is SIGKILLed")
+    fail_mode: Literal["raise", "kill", "hang"] = Field(
+        "raise", description="raise: RuntimeError in the worker | kill: the worker process is SIGKILLed | "
+                             "hang: the worker blocks for good (what a deadlock looks like)")
 
 
 class TrainConfig(StageConfig):
@@ -129,6 +130,10 @@ class TrainConfig(StageConfig):
     tensorboard: bool = Field(False, description="also write TensorBoard scalars to <output>/tb")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking (jobs/train.py)")
     start_timeout: int = Field(120, gt=0, description="seconds the launcher waits for workers to start")
+    stall_timeout: float = Field(
+        600, ge=0, description="a worker process (horovod, torch launchers) that completes no step, evaluation or "
+                               "checkpoint for this many seconds prints its stacks and exits, so the launch fails and "
+                               "is relaunched from the newest checkpoint instead of hanging on a dead peer; 0: off")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig,
                                         description="simulated slow workers (off by default)")
     debug: DebugConfig = Field(default_factory=DebugConfig, description="test and fault-injection switches")
@@ -147,6 +152,10 @@ class TrainConfig(StageConfig):
         from .algorithms.async_common import check_launcher  # asynchronous algorithms need torch.distributed p2p
 
         check_launcher(self.algorithm.name, self.algorithm.params, self.launcher)
+        if self.debug.fail_mode == "hang" and self.debug.fail_at_step and (self.launcher == "local"
+                                                                          or not self.stall_timeout):
+            raise ConfigError("invalid config value debug.fail_mode='hang': needs the horovod or torch launcher and "
+                              "stall_timeout > 0 (nothing would end the blocked worker)")
         return self
 
 

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import signal
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -63,7 +64,8 @@ def _debug_value(cfg_or_debug, key: str):
 def inject_fault(cfg_or_debug, rank: int, step: int) -> None:
     """Testing aid called by the worker after each step: at ``fail_at_step`` on ``fail_rank``
     (every rank when None) raise a RuntimeError (``fail_mode=raise``), end this process at once
-    (``exit``: ``os._exit(17)``) or SIGKILL it (``kill``: what an OOM kill looks like)."""
+    (``exit``: ``os._exit(17)``), SIGKILL it (``kill``: what an OOM kill looks like) or block
+    it for good (``hang``: what a deadlock looks like; ``stall_timeout`` ends it)."""
     at = _debug_value(cfg_or_debug, "fail_at_step")
     if at is None or step != at:
         return
@@ -71,6 +73,9 @@ def inject_fault(cfg_or_debug, rank: int, step: int) -> None:
     if who is not None and int(who) != rank:
         return
     mode = _debug_value(cfg_or_debug, "fail_mode") or "raise"
+    if mode == "hang":
+        log.warning("rank %d: fail_at_step=%d reached: this worker blocks for good (hang)", rank, step)
+        threading.Event().wait()
     if mode in ("kill", "exit"):
         log.warning("rank %d: fail_at_step=%d reached: this worker process dies (%s)", rank, step, mode)
         if mode == "kill":

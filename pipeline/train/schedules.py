@@ -38,6 +38,7 @@ import math
 from typing import Callable, Optional
 
 from .algorithms.base import RoundAlgorithm, is_round_driven
+from .watchdog import Watchdog
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -156,12 +157,19 @@ def worker_entry(cfg_json: str, backend: str, plan: dict, out_dir: str, ckpt_dir
     torch.set_num_threads(cfg.threads_per_worker)
     kind = device_kind(cfg.device, torch.cuda.is_available())
     comm = make_communicator(backend, bucket_bytes=int(cfg.bucket_mb * (1 << 20)), device_kind=kind)
+    # "local" runs a single worker inside the caller's process: never end that process
+    dog = Watchdog(cfg.stall_timeout if backend != "local" else 0, comm.rank)
     w: Optional[Worker] = None
     try:
         device = current_device(cfg.device, comm.local_rank, assigned_gpu)
-        w = Worker(cfg, comm, plan, out_dir, ckpt_dir, device)
-        return schedule_for(w.algo)(w)
+        w = Worker(cfg, comm, plan, out_dir, ckpt_dir, device, watchdog=dog)
+        result = schedule_for(w.algo)(w)
+    except BaseException:
+        dog.failing()  # the cleanup below must not hang a failed worker (and with it the launch)
+        raise
     finally:
         if w is not None:
             w.algo.close()
         comm.shutdown()
+    dog.stop()
+    return result

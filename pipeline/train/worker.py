@@ -114,8 +114,10 @@ class Meter:
 class Worker:
     """State and verbs of one worker's training run (see module docstring)."""
 
-    def __init__(self, cfg, comm, plan, out_dir: str, ckpt_dir: str, device: torch.device) -> None:
-        """``plan``: a :class:`~.plan.TrainingPlan` or its dict (validated here)."""
+    def __init__(self, cfg, comm, plan, out_dir: str, ckpt_dir: str, device: torch.device,
+                 watchdog=None) -> None:
+        """``plan``: a :class:`~.plan.TrainingPlan` or its dict (validated here); ``watchdog``: a
+        :class:`~.watchdog.Watchdog` told of each completed step, evaluation and checkpoint."""
         from ..data.reader import load_manifest, load_scaling
         from ..errors import BadInputError
         from .algorithms import BuildContext, build_algorithm
@@ -128,6 +130,7 @@ class Worker:
         self.plan = plan if isinstance(plan, TrainingPlan) else TrainingPlan.model_validate(plan)
         plan = self.plan
         self.cfg, self.comm, self.device = cfg, comm, device
+        self.beat = watchdog.beat if watchdog is not None else (lambda: None)
         self.out_dir, self.ckpt_dir = out_dir, ckpt_dir
         self.rank, self.world = comm.rank, comm.world_size
         self.manifest = load_manifest(cfg.manifest)
@@ -163,6 +166,7 @@ class Worker:
             self._resume()
         self.writer = MetricsWriter(self.out_dir, self.history, self.cfg.tensorboard) if self.rank == 0 else None
         self.meter = Meter(self.comm, self.step)
+        self.beat()
 
     def _resume(self) -> None:
         """Restore this rank from ``plan.resume_from`` (the driver picked the newest complete checkpoint)."""
@@ -212,6 +216,7 @@ class Worker:
         self.step += 1
         value = float(loss.detach())
         self.meter.add_step(time.perf_counter() - t0, value)
+        self.beat()
         self._debug_hooks()
         return value
 
@@ -270,6 +275,7 @@ class Worker:
                 loss_sum += float(F.cross_entropy(out, y.to(self.device), reduction="sum"))
                 probs.append(torch.softmax(out.float(), 1).cpu().numpy())
                 labels.append(y.numpy())
+                self.beat()
         self.model.train()
         return (np.concatenate(probs) if probs else np.zeros((0, k), np.float32),
                 np.concatenate(labels) if labels else np.zeros(0, np.int64), loss_sum)
@@ -304,8 +310,10 @@ class Worker:
                 "fingerprint": checkpoint.fingerprint(self.cfg, self.world),
                 "metrics": list(self.writer.history) if self.writer else []}
         with self.comm.stats_paused():
-            return checkpoint.write(self.comm, self.ckpt_dir, self.step if step is None else step, self.model,
+            path = checkpoint.write(self.comm, self.ckpt_dir, self.step if step is None else step, self.model,
                                     self.optimizer, self.algo, meta, keep=self.cfg.keep_checkpoints)
+        self.beat()
+        return path
 
     # ------------------------------------------------------------------ the end
     def final_model(self) -> None:
