@@ -4,7 +4,7 @@ eta) against the previous vectorised implementation kept here as the reference (
 every (particle, candidate) pair built with ``ak.cartesian``), and the Spark feature stage per core.
 Not a test: it prints measured figures and ratios (compare only numbers from the same run).
 
-    .venv/bin/python bench/features.py [--events 2000] [--real-copies 40] [--stage-files 8] [--cores 2] [--small]
+    .venv/bin/python bench/features.py [--events 2000] [--real-copies 40] [--stage-files 8] [--cores 2] [--repeats 3] [--small]
 
 Inputs, each measured with both implementations in this process (one core: numba, BLAS and
 OpenMP are held to one thread; the numba compilation is a warm-up outside the timing):
@@ -20,12 +20,13 @@ The two implementations' outputs are compared on every input (selected events, H
 float32 tolerance); both time the same work on the same in-memory events (no reading).
 
 The Spark stage (``build_features`` on ``local[--cores]``, after a warm-up run on one file per
-core, so that every Python worker is started) runs
-on ``--stage-files`` copies of the simulated files (each file at least ``--events-per-file``
-events; 8 x 2,000 = 16,000 events by default), i.e. the whole stage: plan, read, select, features,
-split, scaling, the two Parquet datasets. Its events/s per core (events / (wall s x cores)) is
-compared with the bare rate of the features in one process on the same chunks (uproot read +
-``compute_features``, no output written). The stage logs the time of its phases.
+core, so that every Python worker is started) runs on ``--stage-files`` copies of the simulated
+files (each file at least ``--events-per-file`` events; 8 x 2,000 = 16,000 events by default),
+i.e. the whole stage: plan, read, select, features, split, scaling, the two Parquet datasets.
+Its events/s per core (events / (wall s x cores)) is compared with two bare rates in one process
+on the same chunks: uproot read + ``compute_features`` (no output), and the same plus the pyarrow
+write of the rows the stage writes (its writer options and row groups). ``--repeats`` runs of
+each, alternating; the medians and spreads are printed. The stage logs its phases (last run).
 Targets: fast >= 10x the reference on both inputs; Spark stage per core >= 0.8x bare.
 ``--small`` (smoke check: 200 simulated events in one file, 2 stage files, 4 real copies) only
 shows the script works.
@@ -41,6 +42,7 @@ import argparse  # noqa: E402
 import glob  # noqa: E402
 import logging  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -374,37 +376,34 @@ def stage_inputs(files: list[str], n: int, work: Path) -> list[str]:
 
 
 def bare_write(block, out: Path, i: int) -> None:
-    """The rows the stage writes for one chunk (hlf/ and llf/ columns), with pyarrow, row groups
-    of the stage's default sizes."""
+    """The rows the stage writes for one chunk (hlf/ and llf/ columns), with pyarrow, with the
+    stage's writer options and default row group sizes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.features.stage import FeaturesConfig, _lists
+    from pipeline.features.stage import (_HLF_ROW_BYTES, _LLF_ROW_BYTES, FeaturesConfig, _lists, _output_schema,
+                                         _parquet_options, _rows_per_group)
 
     k = len(block.index)
     d = FeaturesConfig.model_fields
     base = {"sample_id": pa.array(np.arange(k, dtype=np.int64)), "label": pa.array(np.ones(k, np.int64)),
             "split": pa.array(["train"] * k, pa.string())}
     hlf = _lists(block.hlf)
-    pq.write_table(pa.table({**base, "hlf": hlf}), out / f"hlf-{i}.parquet",
-                   row_group_size=max(1, int(d["hlf_row_group_mb"].default * (1 << 20) / (N_HLF * 4))))
-    pq.write_table(pa.table({**base, "llf": _lists(block.llf), "n_particles": pa.array(block.n_particles),
-                             "hlf": hlf}), out / f"llf-{i}.parquet",
-                   row_group_size=max(1, int(d["llf_row_group_mb"].default * (1 << 20) / ((LLF_SIZE + N_HLF) * 4))))
+    for name, cols, row_bytes in (("hlf", {"hlf": hlf}, _HLF_ROW_BYTES),
+                                  ("llf", {"llf": _lists(block.llf), "n_particles": pa.array(block.n_particles),
+                                           "hlf": hlf}, _LLF_ROW_BYTES)):
+        schema = _output_schema(name == "llf")
+        pq.write_table(pa.table({**base, **cols}, schema=schema), out / f"{name}-{i}.parquet",
+                       row_group_size=_rows_per_group(d[f"{name}_row_group_mb"].default, row_bytes),
+                       **_parquet_options(schema))
 
 
-def spark_stage(files: list[str], work: Path, spark, cores: int) -> None:
-    """build_features on local[cores] vs the same chunks read and computed in this process."""
+def _bare_pass(units, work: Path) -> tuple[int, float, float]:
+    """(events read, s reading + computing, s writing) of the chunks in this process."""
     import uproot
 
     from pipeline.features.delphes import compute_features
-    from pipeline.features.stage import FeaturesConfig, build_features, plan_units
 
-    def cfg(inp, out):
-        return FeaturesConfig(input=inp, samples=[{"name": "ttbar", "label": 1, "files": ["*.root"]}],
-                              output=str(work / out))
-
-    _, units, _, _ = plan_units(cfg(files, "bare"))
     n, t_compute, t_write = 0, 0.0, 0.0
     (work / "bare").mkdir(exist_ok=True)
     for u in units:
@@ -416,24 +415,56 @@ def spark_stage(files: list[str], work: Path, spark, cores: int) -> None:
         t1 = time.perf_counter()
         bare_write(block, work / "bare", u.chunk_id)
         t_compute, t_write = t_compute + t1 - t0, t_write + time.perf_counter() - t1
-    bare, bare_w = n / t_compute, n / (t_compute + t_write)
+    return n, t_compute, t_write
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):8.1f} (min {min(xs):.1f}, max {max(xs):.1f})"
+
+
+def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int) -> None:
+    """build_features on local[cores] vs the same chunks read and computed in this process,
+    ``repeats`` times each (alternating); medians and spreads."""
+    from pipeline.features.stage import FeaturesConfig, build_features, plan_units
+
+    def cfg(inp, out):
+        return FeaturesConfig(input=inp, samples=[{"name": "ttbar", "label": 1, "files": ["*.root"]}],
+                              output=str(work / out))
+
+    _, units, _, _ = plan_units(cfg(files, "bare"))
     # warm-up on one file per core: every Python worker started, its imports done, kernels loaded
     build_features(cfg(files[:cores], "warm"), spark=spark)
-    logging.getLogger("pipeline.features.stage").setLevel(logging.INFO)   # the phases of the measured run
-    t0 = time.perf_counter()
-    rep = build_features(cfg(files, "spark"), spark=spark)
-    dt = time.perf_counter() - t0
+    bare, bare_w, stage, walls = [], [], [], []
+    for r in range(repeats):
+        n, t_compute, t_write = _bare_pass(units, work)
+        bare.append(n / t_compute)
+        bare_w.append(n / (t_compute + t_write))
+        if r == repeats - 1:
+            logging.getLogger("pipeline.features.stage").setLevel(logging.INFO)   # the phases of the last run
+        t0 = time.perf_counter()
+        rep = build_features(cfg(files, f"spark{r}"), spark=spark)
+        dt = time.perf_counter() - t0
+        read = sum(f["events_read"] for f in rep["files"])
+        stage.append(read / dt / cores)
+        walls.append(dt)
+        if r < repeats - 1:
+            shutil.rmtree(work / f"spark{r}")
     logging.getLogger("pipeline.features.stage").setLevel(logging.WARNING)
-    read = sum(f["events_read"] for f in rep["files"])
-    per_core = read / dt / cores
+    ratio = [s / b for s, b in zip(stage, bare)]
+    ratio_w = [s / b for s, b in zip(stage, bare_w)]
     print(f"Spark feature stage (local[{cores}], {len(files)} file(s), {len(units)} chunk(s), {read} events, "
-          f"{sum(f['selected'] for f in rep['files'])} selected): {read / dt:8.1f} events/s = {per_core:8.1f} "
-          f"events/s/core | bare read + compute_features (1 process): {bare:8.1f} events/s | per core "
-          f"{per_core / bare:.2f}x bare (target >= 0.8; the stage also splits, fits scaling, writes Parquet)")
-    print(f"  bare read + compute_features + pyarrow write of the same hlf/llf rows (1 process): {bare_w:8.1f} "
-          f"events/s | Spark per core {per_core / bare_w:.2f}x that")
+          f"{sum(f['selected'] for f in rep['files'])} selected), {repeats} run(s), median (min, max):")
+    print(f"  Spark stage per core:                               {_spread(stage)} events/s/core")
+    print(f"  bare read + compute_features (1 process):           {_spread(bare)} events/s")
+    print(f"  bare read + compute_features + pyarrow write of the same hlf/llf rows (1 process): {_spread(bare_w)} "
+          "events/s")
+    print(f"  Spark per core / bare:               {statistics.median(ratio):.2f}x (min {min(ratio):.2f}, max "
+          f"{max(ratio):.2f}) (target >= 0.8)")
+    print(f"  Spark per core / bare incl. writing: {statistics.median(ratio_w):.2f}x (min {min(ratio_w):.2f}, max "
+          f"{max(ratio_w):.2f})")
     llf_mb = sum(os.path.getsize(os.path.join(rep["llf"], p)) for p in os.listdir(rep["llf"])) / 1e6
-    print(f"  written: {sum(f['written'] for f in rep['files'])} events, llf/ {llf_mb:.0f} MB; wall {dt:.1f} s")
+    print(f"  written: {sum(f['written'] for f in rep['files'])} events, llf/ {llf_mb:.0f} MB; stage wall "
+          f"{_spread(walls)} s")
 
 
 def main(argv=None) -> int:
@@ -445,6 +476,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-dir", default=None, help="use the ROOT files under this folder instead of simulating")
     ap.add_argument("--real-copies", type=int, default=40, help="copies of delphes.root (25 events each)")
     ap.add_argument("--cores", type=int, default=2, help="Spark local[N] for the stage")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of the Spark stage and of its bare baseline")
     ap.add_argument("--min-seconds", type=float, default=5.0, help="time each rate over at least this long")
     ap.add_argument("--small", action="store_true", help="smoke check: 200 events, 2 stage files, 4 copies, "
                     "0.5 s rates")
@@ -452,7 +484,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.small:
         args.events, args.events_per_file, args.real_copies, args.min_seconds = 200, 200, 4, 0.5
-        args.stage_files = 2
+        args.stage_files, args.repeats = 2, 1
 
     import awkward as ak
     import uproot
@@ -474,7 +506,7 @@ def main(argv=None) -> int:
         real = uproot.open(coffea_samples() / "delphes.root")["Delphes"].arrays(list(REQUIRED_BRANCHES))
         compare(f"real delphes.root x {args.real_copies}", ak.concatenate([real] * args.real_copies),
                 args.min_seconds)
-        spark_stage(stage_inputs(files, args.stage_files, work), work, spark, args.cores)
+        spark_stage(stage_inputs(files, args.stage_files, work), work, spark, args.cores, args.repeats)
     finally:
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
         spark.stop()

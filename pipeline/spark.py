@@ -170,9 +170,12 @@ def spark_task(fn):
     return wrapper
 
 
-def task_frame(spark, rows: list[tuple], schema):
+def task_frame(spark, rows: list[tuple], schema, tasks: Optional[list[int]] = None):
     """A DataFrame of small task descriptors, exactly one row per partition, built without a
     Python worker (so Spark runs one Python task per descriptor, balanced over the executors).
+    ``tasks``: the task (partition) index of each row instead, ``0 .. k-1`` in row order: rows
+    with the same index run in one task, in their order (small work units packed together, so
+    that each pays Spark's per-task cost once).
 
     ``spark.createDataFrame(sc.parallelize(rows), schema)`` would run a second Python task per
     partition just to convert the pickled rows (each paying the worker start-up cost described
@@ -187,8 +190,11 @@ def task_frame(spark, rows: list[tuple], schema):
     if not isinstance(schema, StructType):
         schema = StructType.fromDDL(schema)
     with_id = StructType([StructField("_task", LongType(), False), *schema.fields])
-    pdf = pd.DataFrame([(i, *r) for i, r in enumerate(rows)], columns=with_id.fieldNames())
+    ids = list(range(len(rows))) if tasks is None else [int(t) for t in tasks]
+    if len(ids) != len(rows):
+        raise ValueError(f"task_frame: {len(ids)} task indices for {len(rows)} rows")
+    pdf = pd.DataFrame([(i, *r) for i, r in zip(ids, rows)], columns=with_id.fieldNames())
     desc = spark.createDataFrame(pdf, schema=with_id)
-    n = max(1, len(rows))
+    n = max(1, max(ids, default=0) + 1)
     return (spark.range(0, n, 1, n).join(F.broadcast(desc), F.col("id") == F.col("_task"))
             .drop("id", "_task"))

@@ -279,22 +279,69 @@ def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_
     np.testing.assert_array_equal(np.stack(a.hlf.to_numpy()), np.stack(b.hlf.to_numpy()))
 
 
-def test_parquet_row_groups_follow_the_setting(spark, tmp_path):
-    """The writer of hlf/ and llf/ cuts row groups at about the requested size (Petastorm reads
-    one row group at a time): 120 rows of 61 kB random LLF with 1 MiB row groups."""
+def test_parquet_row_groups_follow_the_setting(spark, three_samples, tmp_path):
+    """The writers of hlf/ and llf/ cut row groups at the requested size (Petastorm reads one row
+    group at a time): 0.3 MiB of LLF rows (61 kB each) is 5 rows; 0.0005 MiB of HLF rows is 6."""
     import pyarrow.parquet as pq
-    from pyspark.sql.types import ArrayType, FloatType, LongType, StructField, StructType
-    from pipeline.features.stage import _write
+    from pipeline.features.stage import FeaturesConfig, build_features
 
-    rng = np.random.default_rng(0)
-    rows = [(i, rng.standard_normal(L.LLF_SIZE).astype(np.float32).tolist()) for i in range(120)]
-    df = spark.createDataFrame(rows, StructType([StructField("sample_id", LongType()),
-                                                 StructField("llf", ArrayType(FloatType()))]))
-    _write(df, tmp_path / "llf", 1, 1.0)
-    part = [p for p in os.listdir(tmp_path / "llf") if p.endswith(".parquet")][0]
-    meta = pq.ParquetFile(tmp_path / "llf" / part).metadata
-    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    assert sum(sizes) == 120 and len(sizes) >= 4 and max(sizes) <= 40
+    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), llf_row_group_mb=0.3,
+                         hlf_row_group_mb=0.0005)
+    rep = build_features(cfg, spark=spark)
+    for name, cap in (("llf", 5), ("hlf", 6)):
+        parts = sorted(p for p in os.listdir(rep[name]) if p.endswith(".parquet"))
+        sizes = [pq.ParquetFile(os.path.join(rep[name], p)).metadata.row_group(i).num_rows
+                 for p in parts for i in range(pq.ParquetFile(os.path.join(rep[name], p)).metadata.num_row_groups)]
+        assert sum(sizes) == sum(rep["splits"].values()) > 2 * cap
+        assert max(sizes) == cap, (name, sizes)
+    assert not os.path.exists(tmp_path / "f" / "_work")
+
+
+@pytest.mark.slow
+def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, three_samples, tmp_path):
+    """Every written row is its event's features: the files read whole with uproot and
+    compute_features, numbered in (file, entry) order, split and balanced by ``assign``, must be
+    the rows of llf/ and hlf/ (chunks of 4 entries packed several per task, balancing dropping
+    rows inside chunks, LLF spread over several files)."""
+    import uproot
+
+    from pipeline.features.split import SPLITS, assign
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), step_size=4, file_mb=1,
+                         test_fraction=0.3, val_fraction=0.2, seed=5, balance_classes=True)
+    rep = build_features(cfg, spark=spark)
+    blocks, labels = [], []
+    for f in rep["files"]:
+        b = D.compute_features(uproot.open(f["file"])["Delphes"].arrays(list(D.REQUIRED_BRANCHES)))
+        blocks.append(b)
+        labels += [f["label"]] * len(b.index)
+    asg = assign(np.array(labels, np.int64), [0, 1, 2], 5, 0.3, 0.2, True)
+    keep = np.flatnonzero(asg.keep)
+    assert 0 < len(keep) < len(labels)                     # balancing dropped some events
+    llf, hlf = _table(rep["llf"]).sort_values("sample_id"), _table(rep["hlf"]).sort_values("sample_id")
+    assert len(os.listdir(rep["llf"])) >= 2
+    for t in (llf, hlf):
+        assert t.sample_id.tolist() == keep.tolist()
+        assert t.label.tolist() == np.array(labels)[keep].tolist()
+        assert t.split.tolist() == [SPLITS[i] for i in asg.split[keep]]
+        np.testing.assert_array_equal(np.stack(t.hlf.to_numpy()), np.concatenate([b.hlf for b in blocks])[keep])
+    np.testing.assert_array_equal(np.stack(llf.llf.to_numpy()), np.concatenate([b.llf for b in blocks])[keep])
+    assert llf.n_particles.tolist() == np.concatenate([b.n_particles for b in blocks])[keep].tolist()
+
+
+@pytest.mark.parametrize("entries,slots,want", [
+    ([2000] * 8, 2, [0, 0, 0, 0, 1, 1, 1, 1]),             # 16,000 entries: one task per slot
+    ([2000] * 8, 8, list(range(8))),                        # as many slots as chunks: one chunk each
+    ([50_000] * 5, 2, [0, 1, 2, 3, 4]),                     # big chunks: one each
+    ([4000] * 10, 2, [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]),       # 40,000 entries: 4 tasks, cut at 10k, 20k, 30k
+    ([10, 10, 10, 5000, 10], 2, [0, 0, 0, 0, 1]),           # consecutive: a task ends after its share
+    ([], 2, []),
+])
+def test_feature_chunks_are_packed_into_tasks(entries, slots, want):
+    from pipeline.features.stage import pack_units
+
+    assert pack_units(entries, slots, task_entries=10_000) == want
 
 
 def test_feature_stage_balancing_is_seeded(spark, three_samples, tmp_path):

@@ -6,7 +6,7 @@ it, uniform in [0, 1): ``u`` (split) and ``v`` (balancing). They are Spark's
 ``pyspark.sql.functions.xxhash64`` computes it) masked to 53 bits and divided by 2^53, computed
 here with numpy (:func:`hash_unit`) so that the driver knows every event's split from the per-chunk
 counts alone, without a Spark job; :func:`spark_hash_unit` is the same value as a Spark column
-(the stage uses it to filter the rows it writes, and the tests compare the two).
+(to reproduce a split in Spark SQL; the tests compare the two).
 
 * Split: per class, events ordered by ``u``; the first ``floor(n * test_fraction)`` are test, the
   next ``floor(n * val_fraction)`` val, the rest train (exact counts, two thresholds per class).

@@ -10,26 +10,33 @@ Input, either of:
   tasks.
 
 Flow: one Spark pass computes the features, the driver decides the rest from the tasks'
-statuses, then Spark writes the two datasets (three Spark jobs in all):
+statuses, a second Spark pass writes the LLF (two Spark jobs in all; every Parquet file is
+written with pyarrow, never through Spark's row format):
 
 1. one chunk per Spark task (``mapInArrow``): each task reads the
-   :data:`~pipeline.features.delphes.REQUIRED_BRANCHES` of its chunk and runs
-   :func:`~pipeline.features.delphes.compute_features`; it yields the selected events (position in
-   the chunk, entry, label, hlf, llf, n_particles) and one status row per chunk: events read,
-   selected, or the error, plus the chunk's HLF and per-event partial moments of the LLF (count,
-   mean, M2 of each feature over the real particles). The result is persisted (disk) for the
-   writes; the driver collects only the status rows (as Arrow);
+   :data:`~pipeline.features.delphes.REQUIRED_BRANCHES` of its chunk, runs
+   :func:`~pipeline.features.delphes.compute_features`, leaves the selected events (llf,
+   n_particles, hlf) in an Arrow IPC work file in the staging directory, and returns one status
+   row: events read, selected, or the error, plus the chunk's HLF and per-event partial moments
+   of the LLF (count, mean, M2 of each feature over the real particles);
 2. on the driver, from the statuses alone: files with a failed chunk are dropped and reported;
    ``sample_id`` = dense index over the selected events in (file, entry) order, so each file holds
    one contiguous id range (kept in ``report.json``); the split and the optional balancing of
    every event (:mod:`pipeline.features.split`: per class, events ordered by a seeded hash of
    their sample_id, exact counts); the per-file and per-split counts; the scaling statistics of
    the train events, merged from the partial moments (:mod:`pipeline.features.scaling`);
-3. ``hlf/`` and ``llf/`` are written by Spark from the persisted rows, the split assigned and the
-   balancing applied with the driver's thresholds on the same hash (Spark's ``xxhash64``), with
-   Parquet row groups of ``*_row_group_mb`` (Petastorm reads row group by row group); their schema
-   is checked from the Parquet footers against ``schemas/hlf`` and ``schemas/llf`` (the values
-   are fixed-width numpy blocks, so no column can be null or of another length).
+   ``hlf/`` is written here, from the statuses' HLF;
+3. ``llf/``: consecutive chunks are packed into files of at most ``file_mb`` (at least one file
+   per task slot when there are enough chunks); one Spark task per file reads its chunks' work
+   files, keeps the events the assignment keeps, adds sample_id, label and split, and writes
+   row groups of ``llf_row_group_mb`` (Petastorm reads row group by row group). The work files
+   are removed; the schemas are checked from the Parquet footers against ``schemas/hlf`` and
+   ``schemas/llf`` (the values are fixed-width numpy blocks, so no column can be null or of
+   another length).
+
+The work files live in the output's staging directory, which every executor reaches (it writes
+the output there): a shared filesystem on a cluster, the driver's disk for an ``s3://`` output
+(local Spark master only, see :func:`pipeline.outputs.check_staging`).
 
 Bad files (unreadable, no tree, missing branch, no sample label, a chunk failing) are listed
 in ``report.json`` and logged one line each; the good files are written; then the stage raises
@@ -42,6 +49,7 @@ import functools
 import logging
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +66,7 @@ from ..ingest.root import (FILE_TIMEOUT_S, SAMPLES_PREFIX, Chunk, FileInfo, Read
 from . import delphes as D
 from .layout import (CLASS_LABELS, HLF_NAMES, LLF_NAMES, LLF_SIZE, N_CLASSES, N_HLF, N_LLF_FEATURES,
                      N_PARTICLES)
-from .split import SPLITS, Assignment, assign, spark_hash_unit
+from .split import SPLITS, Assignment, assign
 
 log = logging.getLogger(__name__)
 #: the version of schemas/hlf and schemas/llf the stage writes
@@ -218,24 +226,14 @@ def _read_unit(path: str, tree: str, a: int, b: int, timeout_s: float = FILE_TIM
     return read_chunk(path, tree, list(D.REQUIRED_BRANCHES), a, b, timeout_s)
 
 
-def _spark_schema():
-    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType,
-                                   StructField, StructType)
-    return StructType([
-        StructField("chunk_id", IntegerType()), StructField("kind", IntegerType()),
-        StructField("pos", IntegerType()), StructField("entry", LongType()), StructField("label", LongType()),
-        StructField("hlf", ArrayType(FloatType())), StructField("llf", ArrayType(FloatType())),
-        StructField("n_particles", IntegerType()), StructField("n_read", LongType()),
-        StructField("n_selected", LongType()), StructField("error", StringType()),
-        StructField("stats", ArrayType(DoubleType()))])
+#: the status row of a chunk (Spark DDL of :func:`_status_schema`)
+_STATUS_DDL = "chunk_id int, n_read long, n_selected long, error string, hlf array<float>, stats array<double>"
 
 
-def _arrow_schema():
+def _status_schema():
     import pyarrow as pa
-    return pa.schema([("chunk_id", pa.int32()), ("kind", pa.int32()), ("pos", pa.int32()), ("entry", pa.int64()),
-                      ("label", pa.int64()), ("hlf", pa.list_(pa.float32())), ("llf", pa.list_(pa.float32())),
-                      ("n_particles", pa.int32()), ("n_read", pa.int64()), ("n_selected", pa.int64()),
-                      ("error", pa.string()), ("stats", pa.list_(pa.float64()))])
+    return pa.schema([("chunk_id", pa.int32()), ("n_read", pa.int64()), ("n_selected", pa.int64()),
+                      ("error", pa.string()), ("hlf", pa.list_(pa.float32())), ("stats", pa.list_(pa.float64()))])
 
 
 def _lists(x: np.ndarray):
@@ -259,44 +257,129 @@ def _event_stats(block) -> np.ndarray:
     return np.column_stack([block.n_particles.astype(np.float64), mean, m2]).reshape(k, N_STATS)
 
 
-def _feature_partition(batches: Iterator, *, labels: dict, rows_per_batch: int = 256,
-                       file_timeout_s: float = FILE_TIMEOUT_S) -> Iterator:
-    """Per chunk: the selected events' rows (kind 0), then one status row (kind 1) with the
-    counts or the error, the chunk's HLF (``hlf``, flattened) and per-event ``stats``."""
+_IPC_OPTIONS = None
+
+
+def _work_file(work_dir: str, chunk_id: int) -> str:
+    """Where the feature task of a chunk leaves its selected events (Arrow IPC) for the LLF writers."""
+    return os.path.join(work_dir, f"chunk-{chunk_id:06d}.arrow")
+
+
+def _save_block(block, path: str) -> None:
+    """The selected events' llf, n_particles, hlf in event order, as one LZ4-compressed Arrow IPC
+    file (the zero padding shrinks it about 10x, and compressing is cheaper than writing the bytes),
+    written under a temporary name and renamed, so a retried task never leaves half a file."""
     import pyarrow as pa
 
-    schema = _arrow_schema()
+    global _IPC_OPTIONS
+    if _IPC_OPTIONS is None:
+        _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+
+    table = pa.table({"llf": _lists(block.llf), "n_particles": pa.array(block.n_particles, pa.int32()),
+                      "hlf": _lists(block.hlf)})
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
+def _feature_partition(batches: Iterator, *, work_dir: str, file_timeout_s: float = FILE_TIMEOUT_S) -> Iterator:
+    """Per chunk: read, select, compute; the selected events go to the chunk's work file
+    (:func:`_work_file`); one status row comes back: events read, selected, or the error, plus
+    the selected events' HLF (``hlf``, flattened) and per-event ``stats``."""
+    import pyarrow as pa
+
+    schema = _status_schema()
     for batch in batches:
         d = batch.to_pydict()
-        for cid, fi, path, tree, a, b in zip(d["chunk_id"], d["file_index"], d["path"], d["tree"],
-                                             d["entry_start"], d["entry_stop"]):
+        for cid, path, tree, a, b in zip(d["chunk_id"], d["path"], d["tree"], d["entry_start"], d["entry_stop"]):
             err, n_read, n_sel, hlf, stats = None, 0, 0, [], []
             try:
                 block = D.compute_features(_read_unit(path, tree, a, b, file_timeout_s))
                 n_read, n_sel = block.n_read, len(block.index)
-                for s in range(0, n_sel, rows_per_batch):
-                    sl = slice(s, min(s + rows_per_batch, n_sel))
-                    k = sl.stop - sl.start
-                    yield pa.RecordBatch.from_arrays([
-                        pa.array([cid] * k, pa.int32()), pa.array([0] * k, pa.int32()),
-                        pa.array(np.arange(sl.start, sl.stop, dtype=np.int32)),
-                        pa.array(block.index[sl].astype(np.int64) + a, pa.int64()),
-                        pa.array([labels[fi]] * k, pa.int64()), _lists(block.hlf[sl]), _lists(block.llf[sl]),
-                        pa.array(block.n_particles[sl], pa.int32()), pa.nulls(k, pa.int64()),
-                        pa.nulls(k, pa.int64()), pa.nulls(k, pa.string()),
-                        pa.nulls(k, pa.list_(pa.float64()))], schema=schema)
+                if n_sel:
+                    _save_block(block, _work_file(work_dir, cid))
                 hlf, stats = block.hlf.reshape(-1), _event_stats(block).reshape(-1)
             except Exception as e:  # noqa: BLE001 - the driver reports the file
                 err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
                 n_sel, hlf, stats = 0, [], []
             yield pa.RecordBatch.from_arrays([
-                pa.array([cid], pa.int32()), pa.array([1], pa.int32()), pa.nulls(1, pa.int32()),
-                pa.nulls(1, pa.int64()), pa.nulls(1, pa.int64()),
+                pa.array([cid], pa.int32()), pa.array([n_read], pa.int64()), pa.array([n_sel], pa.int64()),
+                pa.array([err], pa.string()),
                 pa.ListArray.from_arrays(pa.array([0, len(hlf)], pa.int32()), pa.array(hlf, pa.float32())),
-                pa.nulls(1, pa.list_(pa.float32())), pa.nulls(1, pa.int32()), pa.array([n_read], pa.int64()),
-                pa.array([n_sel], pa.int64()), pa.array([err], pa.string()),
                 pa.ListArray.from_arrays(pa.array([0, len(stats)], pa.int32()), pa.array(stats, pa.float64()))],
                 schema=schema)
+
+
+#: Parquet writer options of hlf/ and llf/ (pyarrow): snappy (the zero padding of the LLF shrinks
+#: about 5x); no dictionary encoding and no statistics for the float lists (their values rarely
+#: repeat, and min/max over a list's elements help no reader)
+_FLOAT_LISTS = ("hlf", "llf")
+
+
+def _parquet_options(schema) -> dict:
+    plain = [f.name for f in schema if f.name not in _FLOAT_LISTS]
+    return {"compression": "snappy", "use_dictionary": plain, "write_statistics": plain}
+
+
+def _output_schema(with_llf: bool):
+    """The Arrow schema of hlf/ (``with_llf`` False) or llf/ rows (see ``schemas/hlf``, ``schemas/llf``)."""
+    import pyarrow as pa
+    cols = [pa.field("sample_id", pa.int64(), False), pa.field("label", pa.int64(), False),
+            pa.field("split", pa.string(), False)]
+    if with_llf:
+        cols += [pa.field("llf", pa.list_(pa.float32()), False), pa.field("n_particles", pa.int32(), False)]
+    return pa.schema(cols + [pa.field("hlf", pa.list_(pa.float32()), False)])
+
+
+def _rows_per_group(row_group_mb: float, row_bytes: int) -> int:
+    return max(1, int(row_group_mb * (1 << 20)) // row_bytes)
+
+
+#: bytes of one written row (values only)
+_HLF_ROW_BYTES = 8 + 8 + 8 + 4 * N_HLF
+_LLF_ROW_BYTES = _HLF_ROW_BYTES + 4 + 4 * LLF_SIZE
+
+
+def _split_names(codes: np.ndarray):
+    import pyarrow as pa
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), pa.array(SPLITS)).cast(pa.string())
+
+
+def _llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_rows: int) -> Iterator:
+    """One LLF file per group of consecutive chunks: each chunk's work file, its rows filtered
+    and given ``sample_id`` (offset + position), ``label`` and ``split`` from the driver's
+    assignment (``codes``: the split index per selected event, -1 where balancing drops it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _output_schema(True)
+    for batch in batches:
+        d = batch.to_pydict()
+        for gid, cids, offsets, labels, codes in zip(d["group"], d["chunk_ids"], d["offsets"], d["labels"],
+                                                     d["codes"]):
+            codes_all = np.frombuffer(codes, np.int8)
+            name = os.path.join(out_dir, f"part-{gid:05d}.parquet")
+            tmp, rows, at = f"{name}.{os.getpid()}.tmp", 0, 0
+            with pq.ParquetWriter(tmp, schema, **_parquet_options(schema)) as writer:
+                for cid, off, lab in zip(cids, offsets, labels):
+                    with pa.memory_map(_work_file(work_dir, cid)) as src:
+                        t = pa.ipc.open_file(src).read_all()
+                    c = codes_all[at:at + t.num_rows]
+                    at += t.num_rows
+                    keep = np.flatnonzero(c >= 0)
+                    if not len(keep):
+                        continue
+                    t = t.take(pa.array(keep)) if len(keep) < t.num_rows else t
+                    writer.write_table(pa.table({
+                        "sample_id": pa.array(keep.astype(np.int64) + off, pa.int64()),
+                        "label": pa.array(np.full(len(keep), lab, np.int64)), "split": _split_names(c[keep]),
+                        "llf": t.column("llf"), "n_particles": t.column("n_particles"), "hlf": t.column("hlf")},
+                        schema=schema), row_group_size=row_group_rows)
+                    rows += len(keep)
+            os.replace(tmp, name)
+            yield pa.RecordBatch.from_arrays([pa.array([gid], pa.int32()), pa.array([rows], pa.int64())],
+                                             names=["group", "rows"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,21 +409,38 @@ class _Tally:
     read: dict               # file_index -> events read
 
 
-def _run_units(spark, units: list[Chunk], labels: dict, t_start: float, file_timeout_s: float = FILE_TIMEOUT_S):
-    """The Spark pass over the work units: (persisted feature DataFrame or None, {chunk_id: status});
-    a status has the counts, the error, and the chunk's selected events' ``hlf`` (k, N_HLF) and
-    ``stats`` (k, N_STATS) as numpy arrays."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+#: a Spark task of the feature pass gets consecutive chunks up to about this many entries (each
+#: task costs Spark about 0.2 s on 2 cores, about half the time of 2,000 simulated events)
+TASK_ENTRIES = 10_000
 
+
+def pack_units(entries: list[int], slots: int, task_entries: int = TASK_ENTRIES) -> list[int]:
+    """The task of each unit: consecutive units packed into ``max(slots, total / task_entries)``
+    tasks (never fewer than ``slots`` while there are that many units), balanced by entries."""
+    n = len(entries)
+    total = sum(entries)
+    k = min(n, max(1, slots, math.ceil(total / max(1, task_entries))))
+    out, done, task = [], 0, 0
+    for e in entries:
+        # move on when this task has its share of what is left
+        if out and done >= (task + 1) * total / k and task < k - 1 and n - len(out) >= k - task - 1:
+            task += 1
+        out.append(task)
+        done += e
+    return out
+
+
+def _run_units(spark, units: list[Chunk], work_dir: Path, t_start: float, file_timeout_s: float = FILE_TIMEOUT_S):
+    """The Spark pass over the work units: {chunk_id: status}; a status has the counts, the
+    error, and the chunk's selected events' ``hlf`` (k, N_HLF) and ``stats`` (k, N_STATS) as numpy
+    arrays. The selected events themselves wait in ``work_dir`` (one Arrow file per chunk)."""
     from ..ingest.root import chunks_dataframe
 
     if not units:
-        return None, {}
-    fn = functools.partial(_feature_partition, labels=labels, file_timeout_s=file_timeout_s)
-    feat = chunks_dataframe(spark, units).mapInArrow(spark_task(fn), _spark_schema()).persist(StorageLevel.DISK_ONLY)
-    table = (feat.filter(F.col("kind") == 1)
-             .select("chunk_id", "n_read", "n_selected", "error", "hlf", "stats").toArrow())
+        return {}
+    fn = functools.partial(_feature_partition, work_dir=str(work_dir), file_timeout_s=file_timeout_s)
+    tasks = pack_units([u.entry_stop - u.entry_start for u in units], spark.sparkContext.defaultParallelism)
+    table = chunks_dataframe(spark, units, tasks).mapInArrow(spark_task(fn), _STATUS_DDL).toArrow()
     statuses = {}
     for i, cid in enumerate(table.column("chunk_id").to_pylist()):
         s = {c: table.column(c)[i].as_py() for c in ("chunk_id", "n_read", "n_selected", "error")}
@@ -348,7 +448,7 @@ def _run_units(spark, units: list[Chunk], labels: dict, t_start: float, file_tim
         s["stats"] = table.column("stats")[i].values.to_numpy(zero_copy_only=False).reshape(-1, N_STATS)
         statuses[cid] = s
     log.info("features: selection and features of %d unit(s) done (%.1f s)", len(units), time.time() - t_start)
-    return feat, statuses
+    return statuses
 
 
 def _tally(files: list[FileInfo], units: list[Chunk], labels: dict, st: dict) -> _Tally:
@@ -379,46 +479,11 @@ def _tally(files: list[FileInfo], units: list[Chunk], labels: dict, st: dict) ->
     return t
 
 
-def _events(spark, feat, offsets: dict, seed: int):
-    """The selected events with their ``sample_id`` and the two seeded hashes ``_u`` (split), ``_v`` (balance)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
-
-    off_df = spark.createDataFrame(list(offsets.items()) or [(-1, 0)],
-                                   StructType([StructField("chunk_id", IntegerType()),
-                                               StructField("offset", LongType())]))
-    if feat is not None:
-        events = (feat.filter(F.col("kind") == 0).join(F.broadcast(off_df), "chunk_id")
-                  .withColumn("sample_id", F.col("offset") + F.col("pos")))
-    else:
-        events = spark.createDataFrame([], _spark_schema()).withColumn("sample_id", F.lit(0).cast("long"))
-    events = events.withColumn("_u", spark_hash_unit(F.col("sample_id"), seed, "split"))
-    return events.withColumn("_v", spark_hash_unit(F.col("sample_id"), seed, "balance"))
-
-
 def _assign(units: list[Chunk], labels: dict, st: dict, t: _Tally, cfg: FeaturesConfig) -> Assignment:
     """The split (and balancing) of every selected event, in sample_id order, on the driver."""
     counts = [(labels[u.file_index], int(st[u.chunk_id]["n_selected"])) for u in units if u.chunk_id in t.offsets]
     ev_labels = np.repeat(np.array([c[0] for c in counts], np.int64), [c[1] for c in counts])
     return assign(ev_labels, list(t.per_label), cfg.seed, cfg.test_fraction, cfg.val_fraction, cfg.balance_classes)
-
-
-def _select_written(events, asg: Assignment):
-    """Add ``split`` and drop the events balancing removes, with the driver's thresholds on the
-    hashes (the same decisions as :func:`pipeline.features.split.assign`)."""
-    from pyspark.sql import functions as F
-
-    expr = None
-    for lab, (t_test, t_val) in asg.split_thresholds.items():
-        c_test = (F.col("label") == lab) & (F.col("_u") <= t_test)
-        c_val = (F.col("label") == lab) & (F.col("_u") <= t_val)
-        expr = (F.when(c_test, "test") if expr is None else expr.when(c_test, "test")).when(c_val, "val")
-    train = F.lit("train")
-    events = events.withColumn("split", expr.otherwise(train) if expr is not None else train)
-    cond = F.lit(True)
-    for (s, lab), tv in asg.keep_thresholds.items():
-        cond = cond & ~((F.col("split") == s) & (F.col("label") == lab) & (F.col("_v") > tv))
-    return events.filter(cond)
 
 
 def _written_counts(units: list[Chunk], st: dict, t: _Tally, asg: Assignment) -> tuple[dict, dict]:
@@ -445,27 +510,83 @@ def _scaling(units: list[Chunk], st: dict, t: _Tally, asg: Assignment):
     return scaling_from_events(hlf[train], x[:, 0], x[:, 1:1 + N_LLF_FEATURES], x[:, 1 + N_LLF_FEATURES:])
 
 
-def _write_datasets(final, tmp: Path, cfg: FeaturesConfig, n_written: int, schema_dir: Path) -> None:
-    """``hlf/`` and ``llf/`` (file count from ``file_mb``), checked against their schemas. The two
-    Spark writes run at the same time (two driver threads), so that the cores one leaves idle
-    (each writes as few files as ``file_mb`` gives) work on the other."""
-    from concurrent.futures import ThreadPoolExecutor
+def _codes(asg: Assignment) -> np.ndarray:
+    """Per selected event (sample_id order): its split index, -1 where balancing drops it."""
+    return np.where(asg.keep, asg.split, -1).astype(np.int8)
 
-    from ..schemas import load_schema, validate_parquet
 
-    n_llf_files = max(1, math.ceil(n_written * (LLF_SIZE + N_HLF) * 4 / (cfg.file_mb << 20)))
-    n_hlf_files = max(1, math.ceil(n_written * N_HLF * 4 / (cfg.file_mb << 20)))
-    with ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(_write, final.select("sample_id", "label", "split", "llf", "n_particles", "hlf"),
-                            tmp / "llf", n_llf_files, cfg.llf_row_group_mb, ("llf",)),
-                pool.submit(_write, final.select("sample_id", "label", "split", "hlf"), tmp / "hlf", n_hlf_files,
-                            cfg.hlf_row_group_mb)]
-        for job in jobs:
-            job.result()
-    # the schema from the Parquet footers; the values' constraints (no nulls, fixed list lengths)
-    # hold by construction: every row comes from fixed-width numpy blocks
-    validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir), check_data=False)
-    validate_parquet(tmp / "llf", load_schema("llf", SCHEMA_VERSION, schema_dir), check_data=False)
+def _write_hlf(path: Path, units: list[Chunk], labels: dict, st: dict, t: _Tally, asg: Assignment,
+               cfg: FeaturesConfig) -> None:
+    """``hlf/`` on the driver, from the tasks' statuses (the driver holds every selected event's
+    HLF for the scaling fit): ``file_mb`` files, row groups of ``hlf_row_group_mb``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    done = [u for u in units if u.chunk_id in t.offsets]
+    hlf = np.concatenate([st[u.chunk_id]["hlf"] for u in done]) if done else np.zeros((0, N_HLF), np.float32)
+    lab = np.repeat(np.array([labels[u.file_index] for u in done], np.int64),
+                    [int(st[u.chunk_id]["n_selected"]) for u in done])
+    codes = _codes(asg)
+    keep = np.flatnonzero(codes >= 0)
+    schema = _output_schema(False)
+    table = pa.table({"sample_id": pa.array(keep.astype(np.int64)), "label": pa.array(lab[keep]),
+                      "split": _split_names(codes[keep]), "hlf": _lists(hlf[keep].astype(np.float32))}, schema=schema)
+    path.mkdir(parents=True, exist_ok=True)
+    n_files = max(1, math.ceil(len(keep) * _HLF_ROW_BYTES / (cfg.file_mb << 20)))
+    per_file = max(1, math.ceil(len(keep) / n_files))
+    rows = _rows_per_group(cfg.hlf_row_group_mb, _HLF_ROW_BYTES)
+    for i in range(n_files):
+        pq.write_table(table.slice(i * per_file, per_file), path / f"part-{i:05d}.parquet", row_group_size=rows,
+                       **_parquet_options(schema))
+
+
+def _llf_groups(units: list[Chunk], st: dict, t: _Tally, asg: Assignment, labels: dict, cfg: FeaturesConfig,
+                slots: int) -> list[tuple]:
+    """Consecutive chunks packed into LLF files of about ``file_mb`` at most, their number rounded
+    up to a multiple of ``slots`` when there are that many chunks (so every task slot writes),
+    each file closed once the next chunk would exceed an even share; task descriptors
+    (group, chunk ids, sample_id offsets, labels, split codes)."""
+    codes = _codes(asg)
+    done = [u for u in units if u.chunk_id in t.offsets and int(st[u.chunk_id]["n_selected"])]
+    total = int((codes >= 0).sum()) * _LLF_ROW_BYTES
+    n_files = max(1, math.ceil(total / (cfg.file_mb << 20)))
+    if len(done) > n_files:   # a multiple of the task slots, so that no slot idles while another writes two
+        n_files = min(len(done), math.ceil(n_files / max(1, slots)) * max(1, slots))
+    target = max(1, math.ceil(total / n_files))
+    groups, cur, size = [], [], 0
+    for u in done:
+        o, n = t.offsets[u.chunk_id], int(st[u.chunk_id]["n_selected"])
+        b = int((codes[o:o + n] >= 0).sum()) * _LLF_ROW_BYTES
+        if cur and size + b > target:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(u)
+        size += b
+    if cur:
+        groups.append(cur)
+    out = []
+    for g, us in enumerate(groups):
+        offs = [int(t.offsets[u.chunk_id]) for u in us]
+        c = np.concatenate([codes[o:o + int(st[u.chunk_id]["n_selected"])] for u, o in zip(us, offs)])
+        out.append((g, [u.chunk_id for u in us], offs, [int(labels[u.file_index]) for u in us], c.tobytes()))
+    return out
+
+
+def _write_llf(spark, path: Path, work_dir: Path, groups: list[tuple], cfg: FeaturesConfig) -> None:
+    """``llf/``: each group becomes one Parquet file written with pyarrow (row groups of
+    ``llf_row_group_mb``) from its chunks' work files; the groups are packed into one Spark task
+    per task slot."""
+    from ..spark import task_frame
+
+    path.mkdir(parents=True, exist_ok=True)
+    if not groups:
+        return
+    fn = functools.partial(_llf_partition, work_dir=str(work_dir), out_dir=str(path),
+                           row_group_rows=_rows_per_group(cfg.llf_row_group_mb, _LLF_ROW_BYTES))
+    tasks = pack_units([len(g[4]) for g in groups], spark.sparkContext.defaultParallelism, task_entries=1 << 62)
+    df = task_frame(spark, groups, "group int, chunk_ids array<int>, offsets array<long>, labels array<long>, "
+                                   "codes binary", tasks)
+    df.mapInArrow(spark_task(fn), "group int, rows long").collect()
 
 
 def _per_file(files: list[FileInfo], labels: dict, t: _Tally, written: dict) -> list[dict]:
@@ -484,7 +605,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
     from ..fs import check_writable, location
     from ..outputs import atomic_output_dir, check_staging, write_json
-    from ..schemas import SCHEMA_DIR, load_schema
+    from ..schemas import SCHEMA_DIR, load_schema, validate_parquet
     from ..spark import get_spark
 
     t_start = time.time()
@@ -504,7 +625,9 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     check_staging(spark.sparkContext.master, out, "feature")
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     with atomic_output_dir(out) as tmp:
-        feat, st = _run_units(spark, units, labels, t_start, cfg.file_timeout_s)
+        work = tmp / "_work"    # the selected events between the two Spark passes (removed before commit)
+        work.mkdir()
+        st = _run_units(spark, units, work, t_start, cfg.file_timeout_s)
         tally = _tally(files, units, labels, st)
         asg = _assign(units, labels, st, tally, cfg)
         counts, n_written = asg.counts, int(asg.keep.sum())
@@ -514,12 +637,15 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         model.save(tmp / "scaling.json")
         log.info("features: split%s and scaling (%d train events) done (%.1f s)",
                  " and balancing" if cfg.balance_classes else "", model.hlf_count, time.time() - t_start)
-        final = _select_written(_events(spark, feat, tally.offsets, cfg.seed), asg)
-        final = final.select("sample_id", "label", "split", "hlf", "llf", "n_particles")
-        _write_datasets(final, tmp, cfg, n_written, schema_dir)
-        log.info("features: hlf/ and llf/ written (%.1f s)", time.time() - t_start)
-        if feat is not None:
-            feat.unpersist()
+        _write_hlf(tmp / "hlf", units, labels, st, tally, asg, cfg)
+        groups = _llf_groups(units, st, tally, asg, labels, cfg, spark.sparkContext.defaultParallelism)
+        _write_llf(spark, tmp / "llf", work, groups, cfg)
+        shutil.rmtree(work)
+        # the schema from the Parquet footers; the values' constraints (no nulls, fixed list lengths)
+        # hold by construction: every row comes from fixed-width numpy blocks
+        validate_parquet(tmp / "hlf", load_schema("hlf", SCHEMA_VERSION, schema_dir), check_data=False)
+        validate_parquet(tmp / "llf", load_schema("llf", SCHEMA_VERSION, schema_dir), check_data=False)
+        log.info("features: hlf/ and llf/ written (%d LLF file(s)) (%.1f s)", len(groups), time.time() - t_start)
         per_file = _per_file(files, labels, tally, wr_file)
         report = {"job": "features", "files": per_file,
                   "bad_files": [{"file": p["file"], "reason": p["error"]} for p in per_file if p["error"]],
@@ -546,20 +672,3 @@ def _finish(report: dict, out, n_files: int, n_written: int, split_counts: dict,
         b = report["bad_files"][0]
         raise BadInputError(f"{len(report['bad_files'])} of {n_files} input file(s) failed (see "
                             f"{out}/report.json); {b['file']}: {b['reason']}")
-
-
-def _write(df, path: Path, n_files: int, row_group_mb: float, plain: tuple[str, ...] = ()) -> None:
-    """Spark Parquet writer with row groups of about ``row_group_mb`` (parquet-mr checks the size
-    every few rows, so LLF rows of 61 kB still give row groups close to the target). The float list
-    columns ``plain`` are written without dictionary encoding (their values rarely repeat: the
-    dictionary attempt costs time and is then dropped)."""
-    from ..outputs import uri
-    w = df.coalesce(n_files).write.mode("overwrite")
-    for col in plain:
-        w = w.option(f"parquet.enable.dictionary#{col}.list.element", "false")
-    (w.option("parquet.block.size", str(max(1, int(row_group_mb * (1 << 20)))))
-     .option("parquet.block.size.row.check.min", "4")
-     .option("parquet.block.size.row.check.max", "16")
-     .option("parquet.page.size.row.check.min", "4")      # older parquet-mr: also the row-group check
-     .option("parquet.page.size.row.check.max", "16")
-     .parquet(uri(path)))

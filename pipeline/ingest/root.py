@@ -596,10 +596,12 @@ def to_arrow(arr):
     return table.replace_schema_metadata(None)
 
 
-def chunks_dataframe(spark, chunks: list[Chunk]):
-    """A DataFrame of chunk descriptors, one chunk per partition (so Spark balances the chunks)."""
+def chunks_dataframe(spark, chunks: list[Chunk], tasks: Optional[list[int]] = None):
+    """A DataFrame of chunk descriptors, one chunk per partition (so Spark balances the chunks),
+    or ``tasks``: the partition of each chunk (see :func:`~pipeline.spark.task_frame`)."""
     return task_frame(spark, [(c.chunk_id, c.file_index, c.path, c.tree, c.entry_start, c.entry_stop) for c in chunks],
-                      "chunk_id int, file_index int, path string, tree string, entry_start long, entry_stop long")
+                      "chunk_id int, file_index int, path string, tree string, entry_start long, entry_stop long",
+                      tasks)
 
 
 # --------------------------------------------------------------------------------------------
