@@ -69,7 +69,7 @@ SCENARIOS = {
 MEAN_SPEED = {"slow": (3 + 1 / 2.0) / 4, "delay": 1.0}  # mean worker speed / a fast worker's
 
 
-def algorithms(round_s: float, scen: str = "slow") -> dict[str, dict]:
+def algorithms(round_s: float, scen: str = "slow", eawild_alpha: float | None = None) -> dict[str, dict]:
     timed_swarm = {"schedule": "time", "round_seconds": round_s, "local_steps": H}
     hr = 2 * H  # asynchronous rounds: 2H fast steps of wall clock, nominal steps at the mean speed
     rounds = {"round_seconds": round(2 * round_s, 4), "round_steps": max(1, round(hr * MEAN_SPEED[scen]))}
@@ -88,7 +88,7 @@ def algorithms(round_s: float, scen: str = "slow") -> dict[str, dict]:
                                                               "tau": 2, "beta": 0.5}},
         "AD-PSGD": {"name": "adpsgd", "params": rounds},
         "AD-PSGD+SlowMo": slowmo("adpsgd"),
-        "EA-wild": {"name": "eawild", "params": rounds},
+        "EA-wild": {"name": "eawild", "params": {**rounds, **({"alpha": eawild_alpha} if eawild_alpha else {})}},
         "EA-wild+SlowMo": slowmo("eawild"),
         "EASGD locked": {"name": "eawild", "params": {**rounds, "lock": True}},
         "async PS": {"name": "async_ps", "params": rounds},
@@ -202,7 +202,7 @@ def run_all(manifest: Path, out: Path, args) -> tuple[dict, dict]:
     calib: dict = {"target": args.target}
     for scen in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
         results[scen] = {}
-        algos = algorithms(0.0, scen)
+        algos = algorithms(0.0, scen, args.eawild_alpha)
         for name in list(algos):
             if only and name not in only and name != "AR-SGD":
                 continue
@@ -221,7 +221,7 @@ def run_all(manifest: Path, out: Path, args) -> tuple[dict, dict]:
                     calib["target"] = pick_target(r, args.min_seconds, args.min_samples, args.margin_pp / 100)
                     print(f"  target accuracy {calib['target']:.3f} (AR-SGD needs >= {args.min_seconds:g} s and "
                           f">= {args.min_samples:.0f} samples)", flush=True)
-            algos = algorithms(calib["round_s"], scen)
+            algos = algorithms(calib["round_s"], scen, args.eawild_alpha)
     return results, calib
 
 
@@ -264,6 +264,7 @@ def table(results: dict, target: float) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--eawild-alpha", type=float, default=None, help="EA-wild's moving rate (default: its own)")
     p.add_argument("--target", type=float, default=None, help="target validation accuracy (default: calibrated)")
     p.add_argument("--min-seconds", type=float, default=30.0, help="AR-SGD must need at least this long")
     p.add_argument("--min-samples", type=float, default=90000, help="... and at least this many samples")
