@@ -222,20 +222,88 @@ def read_bytes(loc: Location) -> bytes:
 
 
 def write_bytes(loc: Location, data: bytes) -> None:
-    """Write one object/file whole: locally via a temporary file and a rename, on S3 with one PUT
-    (an object appears complete or not at all)."""
+    """Write one object/file whole: locally via a temporary file, ``fsync`` and a rename (the
+    temporary file is removed when the write fails: a full disk leaves nothing behind), on S3 with
+    one PUT (an object appears complete or not at all)."""
     if loc.is_local:
         p = Path(loc.path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return
     try:
         with loc.filesystem().open_output_stream(loc.path) as f:
             f.write(data)
     except OSError as e:
         raise BadInputError(f"{loc}: cannot write: {_reason(e)}") from None
+
+
+def read_bytes_if_exists(loc: Location) -> Optional[bytes]:
+    """The bytes of the file/object ``loc``, None when there is none."""
+    return read_bytes(loc) if is_file(loc) else None
+
+
+def file_size(loc: Location) -> Optional[int]:
+    """The size in bytes of the file/object ``loc``, None when there is none."""
+    import pyarrow.fs as pafs
+
+    try:
+        info = loc.filesystem().get_file_info(loc.path)
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    return info.size if info.type == pafs.FileType.File else None
+
+
+def sha256(loc: Location) -> str:
+    """The SHA-256 of the file/object ``loc``, read in 1 MiB pieces."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with loc.filesystem().open_input_stream(loc.path) as f:
+            for piece in iter(lambda: f.read(1 << 20), b""):
+                h.update(piece)
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    return h.hexdigest()
+
+
+def sync_dir(loc: Location) -> None:
+    """Make the renames inside a local directory durable (``fsync`` of the directory); nothing
+    to do on an object store."""
+    if not loc.is_local:
+        return
+    try:
+        fd = os.open(loc.path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def list_dirs(loc: Location) -> list[Location]:
+    """The directories (object stores: the common prefixes) directly under ``loc``, sorted; none
+    when ``loc`` does not exist."""
+    import pyarrow.fs as pafs
+
+    try:
+        infos = loc.filesystem().get_file_info(pafs.FileSelector(loc.path, recursive=False, allow_not_found=True))
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    return sorted((Location(loc.scheme, i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory),
+                  key=lambda x: x.path)
 
 
 def list_files(loc: Location, suffix: str = "") -> list[Location]:

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from ..errors import BadInputError
-from ..fs import Location, is_dir, list_files, location
+from ..fs import is_dir, list_files, location
 from ..shards.tensors import decode, tensor_spec
 
 #: default in-memory budget: this fraction of the memory available when the reader opens
@@ -81,46 +81,46 @@ def parquet_files(path: str) -> list[str]:
     return files
 
 
-def _remote(f: str) -> Optional[Location]:
-    """The location of a shard file on an object store; None for a local file (the fast path)."""
-    return location(f) if "://" in f else None
+def _source(f: str) -> tuple:
+    """``(path, filesystem)`` for pyarrow: a local file as it is, with no filesystem (pyarrow opens
+    it itself: the fast path); an object-store file as its bucket/key and its pyarrow.fs filesystem."""
+    if "://" not in f:
+        return f, None
+    loc = location(f)
+    return loc.path, loc.filesystem()
 
 
 def open_parquet(f: str):
-    """``pq.ParquetFile`` of a local file (opened by path) or of an object-store file (read
-    through pyarrow.fs, with the column chunks of a read fetched together)."""
+    """``pq.ParquetFile`` of a local or object-store file (remote: the column chunks of a read
+    fetched together)."""
     import pyarrow.parquet as pq
 
-    loc = _remote(f)
-    if loc is None:
-        return pq.ParquetFile(f)
-    return pq.ParquetFile(loc.path, filesystem=loc.filesystem(), pre_buffer=True)
+    path, fs = _source(f)
+    return pq.ParquetFile(path, filesystem=fs, pre_buffer=fs is not None)
 
 
 def read_parquet_table(f: str, columns: Sequence[str]):
     """The selected columns of one Parquet file, local or on an object store."""
     import pyarrow.parquet as pq
 
-    loc = _remote(f)
-    if loc is None:
-        return pq.read_table(f, columns=list(columns), use_threads=True)
-    return pq.read_table(loc.path, columns=list(columns), use_threads=True, filesystem=loc.filesystem())
+    path, fs = _source(f)
+    return pq.read_table(path, columns=list(columns), use_threads=True, filesystem=fs)
 
 
 def read_parquet_schema(f: str):
     import pyarrow.parquet as pq
 
-    loc = _remote(f)
-    return pq.read_schema(f) if loc is None else pq.read_schema(loc.path, filesystem=loc.filesystem())
+    path, fs = _source(f)
+    return pq.read_schema(path, filesystem=fs)
 
 
 def file_stamp(f: str) -> tuple:
     """(file, mtime, size): what tells a changed file from the one cached."""
-    loc = _remote(f)
-    if loc is None:
-        st = os.stat(f)
+    path, fs = _source(f)
+    if fs is None:
+        st = os.stat(path)
         return f, st.st_mtime_ns, st.st_size
-    info = loc.filesystem().get_file_info(loc.path)
+    info = fs.get_file_info(path)
     return f, info.mtime_ns, info.size
 
 

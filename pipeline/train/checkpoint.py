@@ -38,14 +38,14 @@ import logging
 import os
 import random
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..errors import BadInputError, ConfigError
-from ..fs import Location, delete_tree, is_file, list_files, location, read_bytes, write_bytes
+from ..fs import (Location, delete_tree, file_size, list_dirs, list_files, location, read_bytes_if_exists, sha256,
+                  sync_dir, write_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -67,33 +67,14 @@ def fingerprint(cfg, workers: int) -> dict:
     return d
 
 
-def where(path: str | os.PathLike | Location) -> Path | Location:
-    """A checkpoint path as a :class:`Path` (local) or a :class:`~pipeline.fs.Location` (``s3://``)."""
-    loc = location(path, output=True)
-    return Path(loc.path) if loc.is_local else loc
+def where(path: str | os.PathLike | Location) -> Location:
+    """A checkpoint path (local or ``s3://``) as a :class:`~pipeline.fs.Location`: every operation
+    below goes through :mod:`pipeline.fs`, the same for both."""
+    return location(path, output=True)
 
 
-def _child(d: Path | Location, name: str) -> Path | Location:
-    return d / name if isinstance(d, Path) else d.child(name)
-
-
-def step_dir(ckpt_dir: str | os.PathLike | Location, step: int) -> Path | Location:
-    return _child(where(ckpt_dir), f"step_{step:08d}")
-
-
-def _put(target: Path | Location, data: bytes) -> None:
-    """One file whole: locally a temporary file, fsync and rename; on an object store one PUT."""
-    if isinstance(target, Path):
-        _write_atomic(target, data)
-    else:
-        write_bytes(target, data)
-
-
-def _read(f: Path | Location) -> Optional[bytes]:
-    """The bytes of ``f``, None when it does not exist."""
-    if isinstance(f, Path):
-        return f.read_bytes() if f.is_file() else None
-    return read_bytes(f) if is_file(f) else None
+def step_dir(ckpt_dir: str | os.PathLike | Location, step: int) -> Location:
+    return where(ckpt_dir).child(f"step_{step:08d}")
 
 
 def rank_file(rank: int) -> str:
@@ -136,19 +117,6 @@ def set_rng_state(st: dict, cuda=None) -> None:
 
 
 # ---------------------------------------------------------------------------- writing
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def save_torch(path: str | os.PathLike, obj: Any) -> Path:
     """``torch.save`` to memory, then an atomic write: a full or read-only disk raises an
     OSError naming the file (``torch.save`` to a path fails with an internal message)."""
@@ -158,7 +126,7 @@ def save_torch(path: str | os.PathLike, obj: Any) -> Path:
     torch.save(obj, buf)
     p = Path(path)
     try:
-        _write_atomic(p, buf.getvalue())
+        write_bytes(location(p), buf.getvalue())
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(p)) from None
     return p
@@ -179,10 +147,8 @@ def write(comm, ckpt_dir: str, step: int, model, optimizer, algo, meta: dict[str
     rank 0: ``elapsed_s``, ``fingerprint``, ``metrics``) and prunes to the newest ``keep``.
     Returns the checkpoint directory on rank 0, None on the other ranks."""
     d = step_dir(ckpt_dir, step)
-    if isinstance(d, Path):
-        d.mkdir(parents=True, exist_ok=True)
     blob = rank_bytes(model, optimizer, algo)
-    _put(_child(d, rank_file(comm.rank)), blob)
+    write_bytes(d.child(rank_file(comm.rank)), blob)
     entry = (rank_file(comm.rank), hashlib.sha256(blob).hexdigest(), len(blob))
     del blob
     with comm.stats_paused():
@@ -191,35 +157,21 @@ def write(comm, ckpt_dir: str, step: int, model, optimizer, algo, meta: dict[str
         return None
     full = {"format": FORMAT, "step": int(step), "world": comm.world_size, **meta,
             "files": {name: {"sha256": sha, "bytes": n} for name, sha, n in entries}}
-    _put(_child(d, META), (json.dumps(full, default=str) + "\n").encode())
-    if isinstance(d, Path):
-        _fsync_dir(d)
+    write_bytes(d.child(META), (json.dumps(full, default=str) + "\n").encode())
+    sync_dir(d)
     if keep:
         prune(ckpt_dir, keep)
     return str(d)
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def prune(ckpt_dir: str, keep: int) -> list[Path | Location]:
+def prune(ckpt_dir: str, keep: int) -> list[Location]:
     """Remove all but the newest ``keep`` complete checkpoints, and incomplete ones older than
     the newest complete one (leftovers of a crash). Returns what was removed."""
     removed, complete = [], 0
     d = where(ckpt_dir)
-    metas = None if isinstance(d, Path) else {f.path for f in list_files(d) if f.name == META}
+    metas = {f.path for f in list_files(d) if f.name == META}
     for p in candidates(d):
-        ok = (p / META).is_file() if isinstance(p, Path) else p.child(META).path in metas
+        ok = p.child(META).path in metas
         if ok:
             complete += 1
         if (ok and complete > keep) or (not ok and complete > 0):
@@ -230,64 +182,34 @@ def prune(ckpt_dir: str, keep: int) -> list[Path | Location]:
 
 def remove(path: str | os.PathLike | Location) -> None:
     """Remove a checkpoint directory (or the whole checkpoint directory); missing is fine."""
-    p = where(path)
-    if isinstance(p, Path):
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        delete_tree(p)
+    delete_tree(where(path))
 
 
 # ---------------------------------------------------------------------------- reading
-def candidates(ckpt_dir: str | os.PathLike | Location) -> list[Path | Location]:
+def candidates(ckpt_dir: str | os.PathLike | Location) -> list[Location]:
     """Checkpoint directories, newest first (on an object store: the step prefixes the listing shows)."""
-    d = where(ckpt_dir)
-    if isinstance(d, Location):
-        root = d.path.rstrip("/") + "/"
-        names = {f.path[len(root):].split("/", 1)[0] for f in list_files(d)}
-        return [d.child(n) for n in sorted((n for n in names if _STEP_DIR.fullmatch(n)), reverse=True)]
-    if not d.is_dir():
-        return []
-    return sorted((p for p in d.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name)), reverse=True)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sorted((p for p in list_dirs(where(ckpt_dir)) if _STEP_DIR.fullmatch(p.name)), key=lambda p: p.name,
+                  reverse=True)
 
 
 def verify(path: str | os.PathLike | Location) -> dict:
     """The meta of a complete checkpoint; CorruptCheckpoint naming what is wrong otherwise."""
     p = where(path)
-    if isinstance(p, Path):
-        mf = p / META
-        if not mf.is_file():
-            raise CorruptCheckpoint("incomplete (no meta.json)")
-        try:
-            raw = mf.read_bytes()
-        except OSError as e:
-            raise CorruptCheckpoint(f"unreadable meta.json ({e})") from None
-    else:
-        raw = _read(p.child(META))
-        if raw is None:
-            raise CorruptCheckpoint("incomplete (no meta.json)")
+    try:
+        raw = read_bytes_if_exists(p.child(META))
+    except (OSError, BadInputError) as e:
+        raise CorruptCheckpoint(f"unreadable meta.json ({e})") from None
+    if raw is None:
+        raise CorruptCheckpoint("incomplete (no meta.json)")
     meta = _parse_meta(raw)
     for name, info in sorted(meta["files"].items()):
-        f = _child(p, name)
-        if isinstance(f, Path):
-            if not f.is_file():
-                raise CorruptCheckpoint(f"{name} missing")
-            size, sha = f.stat().st_size, None
-        else:
-            data = _read(f)
-            if data is None:
-                raise CorruptCheckpoint(f"{name} missing")
-            size, sha = len(data), hashlib.sha256(data).hexdigest()
+        f = p.child(name)
+        size = file_size(f)
+        if size is None:
+            raise CorruptCheckpoint(f"{name} missing")
         if size != info.get("bytes"):
             raise CorruptCheckpoint(f"{name} has {size} bytes, expected {info.get('bytes')} (truncated?)")
-        if (sha or _sha256(f)) != info.get("sha256"):
+        if sha256(f) != info.get("sha256"):
             raise CorruptCheckpoint(f"{name} does not match its SHA-256 (corrupt)")
     return meta
 
@@ -305,7 +227,7 @@ def _parse_meta(raw: bytes) -> dict:
 
 
 def newest_complete(ckpt_dir: str | os.PathLike | Location,
-                    warn: Callable[[str], None] = log.warning) -> Optional[tuple[Path | Location, dict]]:
+                    warn: Callable[[str], None] = log.warning) -> Optional[tuple[Location, dict]]:
     """(path, meta) of the newest complete checkpoint; corrupt or incomplete newer ones are
     skipped with a warning naming them. None when there is none."""
     for p in candidates(ckpt_dir):
@@ -336,14 +258,14 @@ def restore(path: str | os.PathLike, rank: int, model, optimizer, algo, device=N
     import torch
 
     p = where(path)
-    meta = json.loads(_read(_child(p, META)) or b"null") or {}
+    meta = json.loads(read_bytes_if_exists(p.child(META)) or b"null") or {}
     name = rank_file(rank)
     info = (meta.get("files") or {}).get(name)
     if info is None:
         raise CorruptCheckpoint(f"{p}: no state for rank {rank}")
-    data = _read(_child(p, name)) or b""
+    data = read_bytes_if_exists(p.child(name)) or b""
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
-        raise CorruptCheckpoint(f"{_child(p, name)} does not match its SHA-256")
+        raise CorruptCheckpoint(f"{p.child(name)} does not match its SHA-256")
     st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     del data
     model.load_state_dict(st["model"])

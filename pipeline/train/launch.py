@@ -57,9 +57,8 @@ from .plan import TrainingPlan
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dir(cfg: TrainConfig) -> Path | Location:
-    """``checkpoint_dir`` or ``<output>-checkpoints``: a local :class:`Path`, or a
-    :class:`~pipeline.fs.Location` on an object store."""
+def checkpoint_dir(cfg: TrainConfig) -> Location:
+    """``checkpoint_dir`` or ``<output>-checkpoints`` (local or on an object store)."""
     from .checkpoint import where
 
     if cfg.checkpoint_dir:
@@ -68,7 +67,7 @@ def checkpoint_dir(cfg: TrainConfig) -> Path | Location:
     return where(out.sibling(f"{out.name}-checkpoints"))
 
 
-def check_targets(cfg: TrainConfig) -> tuple[Location, Path | Location]:
+def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
     """The output and checkpoint locations, checked before any work: an unsupported scheme, a
     bucket that does not exist, missing credentials or a read-only prefix is one line naming the URI."""
     final = location(cfg.output, output=True)
@@ -366,8 +365,8 @@ def train(cfg: TrainConfig, spark=None) -> dict:
     final, ck = check_targets(cfg)
     cfg = cfg.model_copy(update={"manifest": str(location(cfg.manifest))})
     plan = make_plan(cfg)
-    if isinstance(ck, Path):
-        ck.mkdir(parents=True, exist_ok=True)
+    if ck.is_local:
+        Path(ck.path).mkdir(parents=True, exist_ok=True)
     fp = checkpoint.fingerprint(cfg, plan["workers"])
     start = restart.start_checkpoint(cfg, ck, fp)  # refuses a changed config before any worker starts
     log.info("training %s with %s on %d workers (%s): %d steps, %d pass(es) over each shard, validation every %d",

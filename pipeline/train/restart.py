@@ -118,8 +118,8 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
     """The checkpoint a launch resumes from, per ``cfg.resume``: False -> none (the directory is
     emptied so runs never mix); True -> the newest complete one (ConfigError if its config
     differs); ``auto`` -> the newest complete one of the same config, else none (emptied).
-    ``ck`` is a local :class:`Path` or an object-store :class:`~pipeline.fs.Location`
-    (``checkpoint.where``); so is the checkpoint returned."""
+    ``ck`` is a :class:`~pipeline.fs.Location` (``checkpoint.where``: local or object store); so
+    is the checkpoint returned."""
     found = checkpoint.newest_complete(ck) if cfg.resume else None
     if cfg.resume == "auto" and found is not None and not checkpoint.matches(found[1], expected_fp):
         log.warning("resume=auto: the checkpoints in %s belong to another config; starting fresh", ck)
@@ -138,9 +138,10 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
 def _empty(ck) -> None:
     """Remove every checkpoint under ``ck`` (a local directory is recreated empty; an object-store
     prefix simply has no objects left)."""
-    checkpoint.remove(ck)
-    if isinstance(ck, Path):
-        ck.mkdir(parents=True, exist_ok=True)
+    loc = checkpoint.where(ck)
+    checkpoint.remove(loc)
+    if loc.is_local:
+        Path(loc.path).mkdir(parents=True, exist_ok=True)
 
 
 # ---------------------------------------------------------------------------- the supervisor
