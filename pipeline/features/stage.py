@@ -59,6 +59,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import StageConfig
+from ..packing import consecutive_groups
 from ..errors import BadInputError, ConfigError
 from ..spark import spark_task
 from ..ingest.root import (FILE_TIMEOUT_S, SAMPLES_PREFIX, Chunk, FileInfo, ReadTimeout, _first_line,
@@ -553,17 +554,11 @@ def _llf_groups(units: list[Chunk], st: dict, t: _Tally, asg: Assignment, labels
     if len(done) > n_files:   # a multiple of the task slots, so that no slot idles while another writes two
         n_files = min(len(done), math.ceil(n_files / max(1, slots)) * max(1, slots))
     target = max(1, math.ceil(total / n_files))
-    groups, cur, size = [], [], 0
+    sizes = []
     for u in done:
         o, n = t.offsets[u.chunk_id], int(st[u.chunk_id]["n_selected"])
-        b = int((codes[o:o + n] >= 0).sum()) * _LLF_ROW_BYTES
-        if cur and size + b > target:
-            groups.append(cur)
-            cur, size = [], 0
-        cur.append(u)
-        size += b
-    if cur:
-        groups.append(cur)
+        sizes.append(int((codes[o:o + n] >= 0).sum()) * _LLF_ROW_BYTES)
+    groups = [[done[i] for i in g] for g in consecutive_groups(sizes, target)]
     out = []
     for g, us in enumerate(groups):
         offs = [int(t.offsets[u.chunk_id]) for u in us]

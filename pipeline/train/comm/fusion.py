@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ...packing import consecutive_groups
+
 
 class HostStaging:
     """Reusable host buffers, one per (dtype, device, bucket index); pinned when ``pin``.
@@ -81,17 +83,7 @@ def make_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,
             groups.setdefault((t.dtype, t.device), []).append(t)
     buckets: list[Bucket] = []
     for (dtype, device), ts in groups.items():
-        packs: list[list[torch.Tensor]] = []
-        cur: list[torch.Tensor] = []
-        size = 0
-        for t in ts:
-            b = t.numel() * t.element_size()
-            if cur and size + b > bucket_bytes:
-                packs.append(cur)
-                cur, size = [], 0
-            cur.append(t)
-            size += b
-        if cur:
-            packs.append(cur)
+        packs = [[ts[i] for i in g] for g in consecutive_groups([t.numel() * t.element_size() for t in ts],
+                                                                bucket_bytes)]
         buckets += [Bucket(p, staging, (dtype, str(device), i)) for i, p in enumerate(packs)]
     return buckets
