@@ -286,29 +286,36 @@ def test_parquet_row_groups_follow_the_setting(spark, three_samples, tmp_path):
     from pipeline.features.stage import FeaturesConfig, build_features
 
     cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), llf_row_group_mb=0.3,
-                         hlf_row_group_mb=0.0005)
+                         hlf_row_group_mb=0.0005, step_size=4)   # chunks of 4 entries: row groups span chunks
     rep = build_features(cfg, spark=spark)
     for name, cap in (("llf", 5), ("hlf", 6)):
-        parts = sorted(p for p in os.listdir(rep[name]) if p.endswith(".parquet"))
-        sizes = [pq.ParquetFile(os.path.join(rep[name], p)).metadata.row_group(i).num_rows
-                 for p in parts for i in range(pq.ParquetFile(os.path.join(rep[name], p)).metadata.num_row_groups)]
-        assert sum(sizes) == sum(rep["splits"].values()) > 2 * cap
-        assert max(sizes) == cap, (name, sizes)
+        total = 0
+        for p in sorted(p for p in os.listdir(rep[name]) if p.endswith(".parquet")):
+            meta = pq.ParquetFile(os.path.join(rep[name], p)).metadata
+            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            assert all(n == cap for n in sizes[:-1]) and 0 < sizes[-1] <= cap, (name, p, sizes)  # chunks never cut
+            total += sum(sizes)
+        assert total == sum(rep["splits"].values()) > 2 * cap
     assert not os.path.exists(tmp_path / "f" / "_work")
 
 
 @pytest.mark.slow
-def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, three_samples, tmp_path):
+@pytest.mark.parametrize("step_size", [4, 25])
+def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, three_samples, tmp_path,
+                                                                         monkeypatch, step_size):
     """Every written row is its event's features: the files read whole with uproot and
     compute_features, numbered in (file, entry) order, split and balanced by ``assign``, must be
-    the rows of llf/ and hlf/ (chunks of 4 entries packed several per task, balancing dropping
-    rows inside chunks, LLF spread over several files)."""
+    the rows of llf/ and hlf/ (chunks of 4 entries packed several per task, or whole files; work
+    files in batches of 2 rows; balancing dropping rows inside chunks and batches; LLF spread over
+    several files)."""
     import uproot
 
+    from pipeline.features import stage
     from pipeline.features.split import SPLITS, assign
     from pipeline.features.stage import FeaturesConfig, build_features
 
-    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), step_size=4, file_mb=1,
+    monkeypatch.setattr(stage, "_IPC_BATCH_ROWS", 2)
+    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), step_size=step_size, file_mb=1,
                          test_fraction=0.3, val_fraction=0.2, seed=5, balance_classes=True)
     rep = build_features(cfg, spark=spark)
     blocks, labels = [], []

@@ -259,6 +259,8 @@ def _event_stats(block) -> np.ndarray:
 
 
 _IPC_OPTIONS = None
+#: rows per record batch of a work file: the LLF writer holds one batch (about 16 MB) at a time
+_IPC_BATCH_ROWS = 256
 
 
 def _work_file(work_dir: str, chunk_id: int) -> str:
@@ -266,7 +268,7 @@ def _work_file(work_dir: str, chunk_id: int) -> str:
     return os.path.join(work_dir, f"chunk-{chunk_id:06d}.arrow")
 
 
-def _save_block(block, path: str) -> None:
+def _save_block(block, path: str, batch_rows: int = _IPC_BATCH_ROWS) -> None:
     """The selected events' llf, n_particles, hlf in event order, as one LZ4-compressed Arrow IPC
     file (the zero padding shrinks it about 10x, and compressing is cheaper than writing the bytes),
     written under a temporary name and renamed, so a retried task never leaves half a file."""
@@ -280,11 +282,12 @@ def _save_block(block, path: str) -> None:
                       "hlf": _lists(block.hlf)})
     tmp = f"{path}.{os.getpid()}.tmp"
     with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as writer:
-        writer.write_table(table)
+        writer.write_table(table, max_chunksize=batch_rows)
     os.replace(tmp, path)
 
 
-def _feature_partition(batches: Iterator, *, work_dir: str, file_timeout_s: float = FILE_TIMEOUT_S) -> Iterator:
+def _feature_partition(batches: Iterator, *, work_dir: str, file_timeout_s: float = FILE_TIMEOUT_S,
+                       batch_rows: int = _IPC_BATCH_ROWS) -> Iterator:
     """Per chunk: read, select, compute; the selected events go to the chunk's work file
     (:func:`_work_file`); one status row comes back: events read, selected, or the error, plus
     the selected events' HLF (``hlf``, flattened) and per-event ``stats``."""
@@ -299,7 +302,7 @@ def _feature_partition(batches: Iterator, *, work_dir: str, file_timeout_s: floa
                 block = D.compute_features(_read_unit(path, tree, a, b, file_timeout_s))
                 n_read, n_sel = block.n_read, len(block.index)
                 if n_sel:
-                    _save_block(block, _work_file(work_dir, cid))
+                    _save_block(block, _work_file(work_dir, cid), batch_rows)
                 hlf, stats = block.hlf.reshape(-1), _event_stats(block).reshape(-1)
             except Exception as e:  # noqa: BLE001 - the driver reports the file
                 err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
@@ -347,10 +350,38 @@ def _split_names(codes: np.ndarray):
     return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), pa.array(SPLITS)).cast(pa.string())
 
 
+class _RowGroups:
+    """Buffers rows for a ParquetWriter and writes row groups of exactly ``rows`` rows (the last
+    one of the file shorter): small tables from many chunks never make small row groups."""
+
+    def __init__(self, writer, rows: int) -> None:
+        self.writer, self.rows, self.pending, self.n = writer, rows, [], 0
+
+    def add(self, table) -> None:
+        self.pending.append(table)
+        self.n += table.num_rows
+        if self.n >= self.rows:
+            self._write(final=False)
+
+    def close(self) -> None:
+        if self.n:
+            self._write(final=True)
+
+    def _write(self, final: bool) -> None:
+        import pyarrow as pa
+
+        t = pa.concat_tables(self.pending)
+        full = t.num_rows if final else (t.num_rows // self.rows) * self.rows
+        self.writer.write_table(t.slice(0, full), row_group_size=self.rows)
+        rest = t.slice(full)
+        self.pending, self.n = ([rest] if rest.num_rows else []), rest.num_rows
+
+
 def _llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_rows: int) -> Iterator:
-    """One LLF file per group of consecutive chunks: each chunk's work file, its rows filtered
-    and given ``sample_id`` (offset + position), ``label`` and ``split`` from the driver's
-    assignment (``codes``: the split index per selected event, -1 where balancing drops it)."""
+    """One LLF file per group of consecutive chunks: each chunk's work file, batch by batch, its
+    rows filtered and given ``sample_id`` (offset + position), ``label`` and ``split`` from the
+    driver's assignment (``codes``: the split index per selected event, -1 where balancing drops
+    it), written in row groups of ``row_group_rows``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -363,21 +394,27 @@ def _llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_
             name = os.path.join(out_dir, f"part-{gid:05d}.parquet")
             tmp, rows, at = f"{name}.{os.getpid()}.tmp", 0, 0
             with pq.ParquetWriter(tmp, schema, **_parquet_options(schema)) as writer:
+                out = _RowGroups(writer, row_group_rows)
                 for cid, off, lab in zip(cids, offsets, labels):
-                    with pa.memory_map(_work_file(work_dir, cid)) as src:
-                        t = pa.ipc.open_file(src).read_all()
-                    c = codes_all[at:at + t.num_rows]
-                    at += t.num_rows
-                    keep = np.flatnonzero(c >= 0)
-                    if not len(keep):
-                        continue
-                    t = t.take(pa.array(keep)) if len(keep) < t.num_rows else t
-                    writer.write_table(pa.table({
-                        "sample_id": pa.array(keep.astype(np.int64) + off, pa.int64()),
-                        "label": pa.array(np.full(len(keep), lab, np.int64)), "split": _split_names(c[keep]),
-                        "llf": t.column("llf"), "n_particles": t.column("n_particles"), "hlf": t.column("hlf")},
-                        schema=schema), row_group_size=row_group_rows)
-                    rows += len(keep)
+                    with pa.OSFile(_work_file(work_dir, cid)) as src:  # read, not mapped: rows outlive the file
+                        reader = pa.ipc.open_file(src)
+                        pos = 0
+                        for i in range(reader.num_record_batches):
+                            t = reader.get_batch(i)
+                            m = t.num_rows
+                            c = codes_all[at + pos:at + pos + m]
+                            keep = np.flatnonzero(c >= 0)
+                            if len(keep):
+                                t = t.take(pa.array(keep)) if len(keep) < m else t
+                                out.add(pa.table({
+                                    "sample_id": pa.array(keep.astype(np.int64) + off + pos, pa.int64()),
+                                    "label": pa.array(np.full(len(keep), lab, np.int64)),
+                                    "split": _split_names(c[keep]), "llf": t.column("llf"),
+                                    "n_particles": t.column("n_particles"), "hlf": t.column("hlf")}, schema=schema))
+                                rows += len(keep)
+                            pos += m
+                        at += pos
+                out.close()
             os.replace(tmp, name)
             yield pa.RecordBatch.from_arrays([pa.array([gid], pa.int32()), pa.array([rows], pa.int64())],
                                              names=["group", "rows"])
@@ -439,7 +476,8 @@ def _run_units(spark, units: list[Chunk], work_dir: Path, t_start: float, file_t
 
     if not units:
         return {}
-    fn = functools.partial(_feature_partition, work_dir=str(work_dir), file_timeout_s=file_timeout_s)
+    fn = functools.partial(_feature_partition, work_dir=str(work_dir), file_timeout_s=file_timeout_s,
+                           batch_rows=_IPC_BATCH_ROWS)  # read here: a test may shrink it
     tasks = pack_units([u.entry_stop - u.entry_start for u in units], spark.sparkContext.defaultParallelism)
     table = chunks_dataframe(spark, units, tasks).mapInArrow(spark_task(fn), _STATUS_DDL).toArrow()
     statuses = {}
