@@ -299,3 +299,37 @@ def test_a_full_disk_under_a_spark_stage_names_the_cause(spark, tmp_path, datase
     assert "No space left on device" in err[0], err[0]
     assert (out / "manifest.json").read_text() == "{}\n"
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "shards"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_feature_stage_fails_the_run_not_the_input_file(spark, tmp_path, delphes_root,
+                                                                               small_disk, capsys):
+    """The feature tasks leave their selected events in work files on the output's disk: a disk
+    that fills there is the stage's failure (one line naming the cause, exit 1, the previous output
+    untouched, nothing left behind), not a bad input file."""
+    import shutil
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(4):
+        shutil.copyfile(delphes_root, src / f"ttbar_{i}.root")
+    out = small_disk / "features"
+    out.mkdir()
+    (out / "report.json").write_text("{}\n")
+    st = os.statvfs(small_disk)
+    (small_disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 2 * 1024))  # 2 KiB left
+    samples = json.dumps([{"name": "ttbar", "label": 1, "files": [str(src / "*.root")]}])
+    rc, err = _cli("features", ["--samples", samples, "--input", str(src / "*.root"), "--output", str(out)], capsys)
+    assert rc == 1 and len(err) == 1, err
+    assert "No space left on device" in err[0], err[0]
+    assert (out / "report.json").read_text() == "{}\n"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["features", "filler"]
+    # the task itself raises (a status row would report the ROOT file as bad)
+    from pipeline.features.stage import _feature_partition
+
+    (small_disk / "work").mkdir()
+    chunk = pa.RecordBatch.from_pydict({"chunk_id": [0], "path": [str(delphes_root)], "tree": ["Delphes"],
+                                        "entry_start": [0], "entry_stop": [25]})
+    with pytest.raises(OSError, match="No space left on device"):
+        list(_feature_partition(iter([chunk]), work_dir=str(small_disk / "work")))
+

@@ -297,16 +297,16 @@ def _feature_partition(batches: Iterator, *, work_dir: str, file_timeout_s: floa
     for batch in batches:
         d = batch.to_pydict()
         for cid, path, tree, a, b in zip(d["chunk_id"], d["path"], d["tree"], d["entry_start"], d["entry_stop"]):
-            err, n_read, n_sel, hlf, stats = None, 0, 0, [], []
+            err, n_read, n_sel, hlf, stats, block = None, 0, 0, [], [], None
             try:
                 block = D.compute_features(_read_unit(path, tree, a, b, file_timeout_s))
                 n_read, n_sel = block.n_read, len(block.index)
-                if n_sel:
-                    _save_block(block, _work_file(work_dir, cid), batch_rows)
                 hlf, stats = block.hlf.reshape(-1), _event_stats(block).reshape(-1)
             except Exception as e:  # noqa: BLE001 - the driver reports the file
                 err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
                 n_sel, hlf, stats = 0, [], []
+            if n_sel:  # outside the try: a full disk fails the stage, it is not the input file's fault
+                _save_block(block, _work_file(work_dir, cid), batch_rows)
             yield pa.RecordBatch.from_arrays([
                 pa.array([cid], pa.int32()), pa.array([n_read], pa.int64()), pa.array([n_sel], pa.int64()),
                 pa.array([err], pa.string()),
