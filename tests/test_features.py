@@ -389,6 +389,22 @@ def test_feature_stage_bad_inputs(spark, delphes_root, bad_delphes_root, tmp_pat
     assert len(_table(tmp_path / "out" / "hlf")) == 1
 
 
+def test_feature_stage_with_nothing_selected_writes_empty_datasets(spark, delphes_root, tmp_path):
+    """Only events without candidates: no rows and no error; hlf/ and llf/ still carry their
+    columns (an empty file each), so readers and the schema check see the datasets."""
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    nc = H.write_delphes_like(tmp_path / "no_candidates.root",
+                              {k: v[:, :0] for k, v in H.read_required(delphes_root).items()})
+    rep = build_features(FeaturesConfig(input=[str(nc)], samples=[{"name": "t", "label": 1, "files": ["*.root"]}],
+                                        output=str(tmp_path / "out")), spark=spark)
+    assert rep["splits"] == {"train": 0, "val": 0, "test": 0} and not rep["bad_files"]
+    for name in ("hlf", "llf"):
+        t = pads.dataset(rep[name], format="parquet").to_table()
+        assert t.num_rows == 0 and {"sample_id", "label", "split", "hlf"} <= set(t.column_names)
+    assert "llf" in pads.dataset(rep["llf"], format="parquet").schema.names
+
+
 def test_features_job_dry_run_and_config_errors(repo, capsys):
     from jobs.features import main
 

@@ -612,7 +612,11 @@ def _write_llf(spark, path: Path, work_dir: Path, groups: list[tuple], cfg: Feat
     from ..spark import task_frame
 
     path.mkdir(parents=True, exist_ok=True)
-    if not groups:
+    if not groups:  # nothing selected: one empty file, so that readers still see the columns
+        import pyarrow.parquet as pq
+
+        schema = _output_schema(True)
+        pq.write_table(schema.empty_table(), path / "part-00000.parquet", **_parquet_options(schema))
         return
     fn = functools.partial(_llf_partition, work_dir=str(work_dir), out_dir=str(path),
                            row_group_rows=_rows_per_group(cfg.llf_row_group_mb, _LLF_ROW_BYTES))
