@@ -120,7 +120,8 @@ def test_tiny_study_statistics_equal_a_recomputation(finished_study, monkeypatch
             if not math.isnan(lo):
                 lo_txt, hi_txt = ci.strip("[]").split(", ")
                 assert _close(lo_txt, lo) and _close(hi_txt, hi)
-            assert p_txt == "baseline" if cell == "lr=0.003" else _close(p_txt, p)
+            # the report prints p with 3 significant digits: the same Welch test gives the same text
+            assert p_txt == ("baseline" if cell == "lr=0.003" else "-" if math.isnan(p) else f"{p:.3g}"), (metric, p)
     # time to target = wall time of the first validation at or above the target
     for r in df.itertuples():
         vals = [rec for rec in _curve(Path(r.run_dir) / "train" / "metrics.jsonl").to_dict("records")
