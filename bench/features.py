@@ -434,11 +434,13 @@ def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int) -
     _, units, _, _ = plan_units(cfg(files, "bare"))
     # warm-up on one file per core: every Python worker started, its imports done, kernels loaded
     build_features(cfg(files[:cores], "warm"), spark=spark)
-    bare, bare_w, stage, walls = [], [], [], []
+    bare, bare_w, stage, walls, us_compute, us_write = [], [], [], [], [], []
     for r in range(repeats):
         n, t_compute, t_write = _bare_pass(units, work)
         bare.append(n / t_compute)
         bare_w.append(n / (t_compute + t_write))
+        us_compute.append(1e6 * t_compute / n)
+        us_write.append(1e6 * t_write / n)
         if r == repeats - 1:
             logging.getLogger("pipeline.features.stage").setLevel(logging.INFO)   # the phases of the last run
         t0 = time.perf_counter()
@@ -462,6 +464,9 @@ def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int) -
           f"{max(ratio):.2f}) (target >= 0.8)")
     print(f"  Spark per core / bare incl. writing: {statistics.median(ratio_w):.2f}x (min {min(ratio_w):.2f}, max "
           f"{max(ratio_w):.2f})")
+    uc, uw = statistics.median(us_compute), statistics.median(us_write)
+    print(f"  bare costs per event read: read + compute {uc:.0f} us, pyarrow write of its rows {uw:.0f} us: a stage "
+          f"without any Spark cost would reach at most {uc / (uc + uw):.2f}x the compute-only rate")
     llf_mb = sum(os.path.getsize(os.path.join(rep["llf"], p)) for p in os.listdir(rep["llf"])) / 1e6
     print(f"  written: {sum(f['written'] for f in rep['files'])} events, llf/ {llf_mb:.0f} MB; stage wall "
           f"{_spread(walls)} s")
