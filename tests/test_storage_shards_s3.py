@@ -18,7 +18,8 @@ from pipeline import fs
 from pipeline.data.reader import ShardReader, count_rows, label_count, load_manifest, probe_shape
 from pipeline.errors import BadInputError, ConfigError
 from pipeline.outputs import COMPLETE_MARKER
-from pipeline.shards.materialize import ShardConfig, check_staging, shard
+from pipeline.outputs import check_staging
+from pipeline.shards.materialize import ShardConfig, shard
 from servers import environment, s3_server
 from train_fixtures import mnist_digits
 
@@ -193,10 +194,10 @@ def test_a_manifest_without_the_completion_marker_is_one_line(s3, sharded, tmp_p
 def test_an_object_store_output_needs_the_driver_disk():
     out = fs.location("s3://bucket/shards", output=True)
     for master in ("local[2]", "local-cluster[2,1,1024]"):
-        check_staging(master, out)
-    check_staging("spark://head:7077", fs.location("/shared/shards"))
+        check_staging(master, out, "shard")
+    check_staging("spark://head:7077", fs.location("/shared/shards"), "shard")
     with pytest.raises(ConfigError, match="s3://bucket/shards.*spark.master=spark://head:7077"):
-        check_staging("spark://head:7077", out)
+        check_staging("spark://head:7077", out, "shard")
 
 
 def test_scaling_file_is_read_from_the_object_store(s3):

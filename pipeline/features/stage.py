@@ -518,11 +518,27 @@ def _tally(files: list[FileInfo], units: list[Chunk], labels: dict, st: dict) ->
     return t
 
 
-def _assign(units: list[Chunk], labels: dict, st: dict, t: _Tally, cfg: FeaturesConfig) -> Assignment:
+@dataclass
+class _Selected:
+    """Every selected event of the good files, in sample_id order, gathered once from the statuses."""
+
+    labels: np.ndarray       # (n,) int64
+    hlf: np.ndarray          # (n, N_HLF) float32
+    stats: np.ndarray        # (n, N_STATS) float64
+
+
+def _selected(units: list[Chunk], labels: dict, st: dict, t: _Tally) -> _Selected:
+    done = [u for u in units if u.chunk_id in t.offsets]
+    return _Selected(
+        np.repeat(np.array([labels[u.file_index] for u in done], np.int64),
+                  [int(st[u.chunk_id]["n_selected"]) for u in done]),
+        np.concatenate([st[u.chunk_id]["hlf"] for u in done]) if done else np.zeros((0, N_HLF), np.float32),
+        np.concatenate([st[u.chunk_id]["stats"] for u in done]) if done else np.zeros((0, N_STATS)))
+
+
+def _assign(sel: _Selected, t: _Tally, cfg: FeaturesConfig) -> Assignment:
     """The split (and balancing) of every selected event, in sample_id order, on the driver."""
-    counts = [(labels[u.file_index], int(st[u.chunk_id]["n_selected"])) for u in units if u.chunk_id in t.offsets]
-    ev_labels = np.repeat(np.array([c[0] for c in counts], np.int64), [c[1] for c in counts])
-    return assign(ev_labels, list(t.per_label), cfg.seed, cfg.test_fraction, cfg.val_fraction, cfg.balance_classes)
+    return assign(sel.labels, list(t.per_label), cfg.seed, cfg.test_fraction, cfg.val_fraction, cfg.balance_classes)
 
 
 def _written_counts(units: list[Chunk], st: dict, t: _Tally, asg: Assignment) -> tuple[dict, dict]:
@@ -537,16 +553,13 @@ def _written_counts(units: list[Chunk], st: dict, t: _Tally, asg: Assignment) ->
     return per_file, {s: int(per_split[i]) for i, s in enumerate(SPLITS)}
 
 
-def _scaling(units: list[Chunk], st: dict, t: _Tally, asg: Assignment):
+def _scaling(sel: _Selected, asg: Assignment):
     """The scaling model of the written train events, from the tasks' per-event partial moments."""
     from .scaling import scaling_from_events
 
-    done = [st[u.chunk_id] for u in units if u.chunk_id in t.offsets]
-    hlf = np.concatenate([s["hlf"] for s in done]) if done else np.zeros((0, N_HLF), np.float32)
-    stats = np.concatenate([s["stats"] for s in done]) if done else np.zeros((0, N_STATS))
     train = (asg.split == SPLITS.index("train")) & asg.keep
-    x = stats[train]
-    return scaling_from_events(hlf[train], x[:, 0], x[:, 1:1 + N_LLF_FEATURES], x[:, 1 + N_LLF_FEATURES:])
+    x = sel.stats[train]
+    return scaling_from_events(sel.hlf[train], x[:, 0], x[:, 1:1 + N_LLF_FEATURES], x[:, 1 + N_LLF_FEATURES:])
 
 
 def _codes(asg: Assignment) -> np.ndarray:
@@ -554,22 +567,17 @@ def _codes(asg: Assignment) -> np.ndarray:
     return np.where(asg.keep, asg.split, -1).astype(np.int8)
 
 
-def _write_hlf(path: Path, units: list[Chunk], labels: dict, st: dict, t: _Tally, asg: Assignment,
-               cfg: FeaturesConfig) -> None:
+def _write_hlf(path: Path, sel: _Selected, codes: np.ndarray, cfg: FeaturesConfig) -> None:
     """``hlf/`` on the driver, from the tasks' statuses (the driver holds every selected event's
     HLF for the scaling fit): ``file_mb`` files, row groups of ``hlf_row_group_mb``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    done = [u for u in units if u.chunk_id in t.offsets]
-    hlf = np.concatenate([st[u.chunk_id]["hlf"] for u in done]) if done else np.zeros((0, N_HLF), np.float32)
-    lab = np.repeat(np.array([labels[u.file_index] for u in done], np.int64),
-                    [int(st[u.chunk_id]["n_selected"]) for u in done])
-    codes = _codes(asg)
     keep = np.flatnonzero(codes >= 0)
     schema = _output_schema(False)
-    table = pa.table({"sample_id": pa.array(keep.astype(np.int64)), "label": pa.array(lab[keep]),
-                      "split": _split_names(codes[keep]), "hlf": _lists(hlf[keep].astype(np.float32))}, schema=schema)
+    table = pa.table({"sample_id": pa.array(keep.astype(np.int64)), "label": pa.array(sel.labels[keep]),
+                      "split": _split_names(codes[keep]), "hlf": _lists(sel.hlf[keep].astype(np.float32))},
+                     schema=schema)
     path.mkdir(parents=True, exist_ok=True)
     n_files = max(1, math.ceil(len(keep) * _HLF_ROW_BYTES / (cfg.file_mb << 20)))
     per_file = max(1, math.ceil(len(keep) / n_files))
@@ -579,13 +587,12 @@ def _write_hlf(path: Path, units: list[Chunk], labels: dict, st: dict, t: _Tally
                        **_parquet_options(schema))
 
 
-def _llf_groups(units: list[Chunk], st: dict, t: _Tally, asg: Assignment, labels: dict, cfg: FeaturesConfig,
+def _llf_groups(units: list[Chunk], st: dict, t: _Tally, codes: np.ndarray, labels: dict, cfg: FeaturesConfig,
                 slots: int) -> list[tuple]:
     """Consecutive chunks packed into LLF files of about ``file_mb`` at most, their number rounded
     up to a multiple of ``slots`` when there are that many chunks (so every task slot writes),
     each file closed once the next chunk would exceed an even share; task descriptors
     (group, chunk ids, sample_id offsets, labels, split codes)."""
-    codes = _codes(asg)
     done = [u for u in units if u.chunk_id in t.offsets and int(st[u.chunk_id]["n_selected"])]
     total = int((codes >= 0).sum()) * _LLF_ROW_BYTES
     n_files = max(1, math.ceil(total / (cfg.file_mb << 20)))
@@ -666,16 +673,18 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         work.mkdir()
         st = _run_units(spark, units, work, t_start, cfg.file_timeout_s)
         tally = _tally(files, units, labels, st)
-        asg = _assign(units, labels, st, tally, cfg)
+        sel = _selected(units, labels, st, tally)
+        asg = _assign(sel, tally, cfg)
         counts, n_written = asg.counts, int(asg.keep.sum())
         wr, split_counts = _written_counts(units, st, tally, asg)
         wr_file = {f.file_index: wr.get(f.file_index, 0) for f in files}
-        model = _scaling(units, st, tally, asg)
+        model = _scaling(sel, asg)
         model.save(tmp / "scaling.json")
         log.info("features: split%s and scaling (%d train events) done (%.1f s)",
                  " and balancing" if cfg.balance_classes else "", model.hlf_count, time.time() - t_start)
-        _write_hlf(tmp / "hlf", units, labels, st, tally, asg, cfg)
-        groups = _llf_groups(units, st, tally, asg, labels, cfg, spark.sparkContext.defaultParallelism)
+        codes = _codes(asg)
+        _write_hlf(tmp / "hlf", sel, codes, cfg)
+        groups = _llf_groups(units, st, tally, codes, labels, cfg, spark.sparkContext.defaultParallelism)
         _write_llf(spark, tmp / "llf", work, groups, cfg)
         shutil.rmtree(work)
         # the schema from the Parquet footers; the values' constraints (no nulls, fixed list lengths)

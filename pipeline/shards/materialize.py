@@ -51,7 +51,7 @@ the driver's disk: true for a local master (``local[*]``, ``local-cluster[...]``
 runs here. A multi-node cluster would need either the tasks writing their files directly under the
 temporary prefix through :mod:`pyarrow.fs` (the commit then moves them and writes the marker) or a
 staging directory on a filesystem every node mounts; until one of these exists an ``s3://`` output
-with a non-local master is refused before any work (:func:`check_staging`).
+with a non-local master is refused before any work (:func:`pipeline.outputs.check_staging`).
 """
 from __future__ import annotations
 
@@ -68,8 +68,7 @@ from pydantic import Field
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..fs import Location, check_writable, location
-from .. import outputs
-from ..outputs import atomic_output_dir, local_path, require_exists, uri
+from ..outputs import atomic_output_dir, check_staging, local_path, require_exists, uri
 from ..schemas import parquet_schema
 from ..spark import spark_task
 from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, TensorSpec, WorkerShard
@@ -127,12 +126,6 @@ def plan_shard(cfg: ShardConfig) -> dict:
             "workers": [str(out.child(worker_dir_name(i, layout.workers))) for i in range(layout.workers)],
             "eval": {s: str(out.child("eval", s)) for s in EVAL_SPLITS},
             "manifest": str(out.child(MANIFEST_NAME))}
-
-
-def check_staging(master: str, out: Location) -> None:
-    """The writer tasks write into the driver's local staging directory: an object-store output
-    needs them on the driver's machine (a local master). ConfigError otherwise."""
-    outputs.check_staging(master, out, "shard")
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -458,7 +451,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
              layout.copies, N, ", ".join(f"{s} {len(v)}" for s, v in eval_ids.items()), time.time() - t1)
 
     spark = spark or get_spark(cfg.spark)
-    check_staging(spark.sparkContext.master, out)
+    check_staging(spark.sparkContext.master, out, "shard")
     dirs = [worker_dir_name(i, M) for i in range(M)] + [f"eval/{s}" for s in eval_names]
     expected = np.array([len(m) for m in assignment.members] + [len(v) for v in eval_ids.values()], np.int64)
     tasks = max(1, min(len(dirs), cfg.write_tasks or spark.sparkContext.defaultParallelism))
