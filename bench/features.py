@@ -377,21 +377,22 @@ def stage_inputs(files: list[str], n: int, work: Path) -> list[str]:
 
 def bare_write(block, out: Path, i: int) -> None:
     """The rows the stage writes for one chunk (hlf/ and llf/ columns), with pyarrow, with the
-    stage's writer options and default row group sizes."""
+    stage's writer options and row group sizes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.features.stage import (_HLF_ROW_BYTES, _LLF_ROW_BYTES, FeaturesConfig, _lists, _output_schema,
-                                         _parquet_options, _rows_per_group)
+    from pipeline.features.stage import (_HLF_ROW_BYTES, FeaturesConfig, _lists, _llf_row_bytes, _output_schema,
+                                         _parquet_options, _rows_per_group, llf_lists)
 
     k = len(block.index)
     d = FeaturesConfig.model_fields
     base = {"sample_id": pa.array(np.arange(k, dtype=np.int64)), "label": pa.array(np.ones(k, np.int64)),
             "split": pa.array(["train"] * k, pa.string())}
     hlf = _lists(block.hlf)
+    llf_row = int(_llf_row_bytes(block.n_particles).mean()) if k else 1
     for name, cols, row_bytes in (("hlf", {"hlf": hlf}, _HLF_ROW_BYTES),
-                                  ("llf", {"llf": _lists(block.llf), "n_particles": pa.array(block.n_particles),
-                                           "hlf": hlf}, _LLF_ROW_BYTES)):
+                                  ("llf", {"llf": llf_lists(block.llf, block.n_particles),
+                                           "n_particles": pa.array(block.n_particles), "hlf": hlf}, llf_row)):
         schema = _output_schema(name == "llf")
         pq.write_table(pa.table({**base, **cols}, schema=schema), out / f"{name}-{i}.parquet",
                        row_group_size=_rows_per_group(d[f"{name}_row_group_mb"].default, row_bytes),
@@ -425,13 +426,15 @@ def _spread(xs: list[float]) -> str:
 def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int) -> None:
     """build_features on local[cores] vs the same chunks read and computed in this process,
     ``repeats`` times each (alternating); medians and spreads."""
-    from pipeline.features.stage import FeaturesConfig, build_features, plan_units
+    from pipeline.features.stage import FeaturesConfig, build_features
+    from pipeline.ingest.root import plan_chunks
 
     def cfg(inp, out):
         return FeaturesConfig(input=inp, samples=[{"name": "ttbar", "label": 1, "files": ["*.root"]}],
                               output=str(work / out))
 
-    _, units, _, _ = plan_units(cfg(files, "bare"))
+    # the stage's chunks (its tasks plan the files the same way), planned here outside the timing
+    units = plan_chunks(files, "Delphes", list(REQUIRED_BRANCHES), cfg(files, "bare").step_size, progress=False).chunks
     # warm-up on one file per core: every Python worker started, its imports done, kernels loaded
     build_features(cfg(files[:cores], "warm"), spark=spark)
     bare, bare_w, stage, walls, us_compute, us_write = [], [], [], [], [], []

@@ -9,8 +9,13 @@ A schema is a JSON file ``schemas/<name>/v<N>.json``::
 Types: arrow primitive names (``int32``, ``int64``, ``float32``, ``float64``, ``bool``,
 ``string``, ``uint8``, ...), ``{"list": T}``, ``{"fixed_size_list": T, "size": N}`` and
 ``{"struct": [{"name": ..., "type": T}, ...]}``.
+A list column may declare ``"pad_to": N``: its lists hold at most N values (the real ones; a
+variable-length layout stored without padding) and readers that need one length per row pad them
+with zeros to N. The Arrow field then carries the metadata ``{PAD_KEY: "N"}`` (:func:`pad_length`),
+which Parquet files written with pyarrow keep, so a reader of the data alone knows the length.
 ``load_schema`` gives the newest version unless one is asked for; ``validate`` checks a
-dataset's Arrow schema against it (names, types, nullability, fixed list lengths) and names the
+dataset's Arrow schema against it (names, types, nullability, fixed list lengths, lists no longer
+than ``pad_to``) and names the
 first offending column.
 
 ``schemas/`` in the repository holds only versioned, reviewed contracts and is never written at
@@ -40,6 +45,20 @@ _PRIMITIVES = {
     "string": pa.string(), "large_string": pa.large_string(), "binary": pa.binary(),
 }
 _PRIM_NAMES = {v: k for k, v in _PRIMITIVES.items()}
+
+#: Arrow field metadata of a padded list column: the length its lists are padded to (``pad_to``)
+PAD_KEY = b"pipeline.pad_to"
+
+
+def pad_length(f: pa.Field) -> Optional[int]:
+    """The ``pad_to`` length of a list field (from its metadata), None when it has none."""
+    md = f.metadata or {}
+    return int(md[PAD_KEY]) if PAD_KEY in md else None
+
+
+def _field(c: dict) -> pa.Field:
+    md = {PAD_KEY: str(int(c["pad_to"])).encode()} if c.get("pad_to") is not None else None
+    return pa.field(c["name"], type_from_json(c["type"]), nullable=c.get("nullable", True), metadata=md)
 
 
 def type_from_json(t: Any) -> pa.DataType:
@@ -82,8 +101,7 @@ class DatasetSchema:
     metadata: dict = field(default_factory=dict)
 
     def to_arrow(self) -> pa.Schema:
-        return pa.schema([pa.field(c["name"], type_from_json(c["type"]), nullable=c.get("nullable", True))
-                          for c in self.columns])
+        return pa.schema([_field(c) for c in self.columns])
 
     def to_spark(self):
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -100,7 +118,8 @@ class DatasetSchema:
     @classmethod
     def from_arrow(cls, name: str, version: int, schema: pa.Schema, description: str = "",
                    metadata: Optional[dict] = None) -> "DatasetSchema":
-        cols = [{"name": f.name, "type": type_to_json(f.type), "nullable": f.nullable} for f in schema]
+        cols = [{"name": f.name, "type": type_to_json(f.type), "nullable": f.nullable,
+                 **({"pad_to": pad_length(f)} if pad_length(f) is not None else {})} for f in schema]
         return cls(name, version, cols, description, metadata or {})
 
 
@@ -124,8 +143,9 @@ def load_schema(name: str, version: Optional[int] = None, schema_dir: Path = SCH
 
 
 def _shape(columns: list[dict]) -> list[tuple]:
-    """What makes two column lists the same schema: names, types, nullability (not descriptions)."""
-    return [(c["name"], json.dumps(c["type"], sort_keys=True), bool(c.get("nullable", True))) for c in columns]
+    """What makes two column lists the same schema: names, types, nullability, padding (not descriptions)."""
+    return [(c["name"], json.dumps(c["type"], sort_keys=True), bool(c.get("nullable", True)), c.get("pad_to"))
+            for c in columns]
 
 
 def register_schema(name: str, schema: pa.Schema, description: str = "", metadata: Optional[dict] = None,
@@ -195,7 +215,8 @@ def validate(actual: pa.Schema, expected: DatasetSchema, where: str, allow_extra
 
 def _column_error(col: pa.ChunkedArray, expected: pa.Field) -> Optional[str]:
     """What in the values of ``col`` breaks ``expected``: a null where none is allowed, or a
-    list whose length differs from a ``fixed_size_list`` size. None when the values comply."""
+    list whose length differs from a ``fixed_size_list`` size, or one longer than ``pad_to``. None
+    when the values comply."""
     import pyarrow.compute as pc
 
     if not expected.nullable and col.null_count:
@@ -208,6 +229,13 @@ def _column_error(col: pa.ChunkedArray, expected: pa.Field) -> Optional[str]:
         if n_bad:
             first = pc.filter(lengths, bad)[0].as_py()
             return f"has {n_bad} list(s) of length != {et.list_size} (first: {first})"
+    pad = pad_length(expected)
+    if pad is not None:
+        lengths = pc.list_value_length(col)
+        longest = pc.max(lengths).as_py()
+        if longest is not None and longest > pad:
+            n_bad = pc.sum(pc.greater(lengths, pad)).as_py()
+            return f"has {n_bad} list(s) longer than pad_to {pad} (longest: {longest})"
     if (pa.types.is_list(et) or pa.types.is_fixed_size_list(et)) and not et.value_field.nullable:
         values = pc.list_flatten(col)
         if values.null_count:
@@ -217,8 +245,8 @@ def _column_error(col: pa.ChunkedArray, expected: pa.Field) -> Optional[str]:
 
 def validate_data(table: pa.Table, expected: DatasetSchema, where: str) -> None:
     """Check the values of ``table`` against ``expected``: non-nullable columns hold no nulls,
-    ``fixed_size_list`` columns stored as plain lists have exactly the declared length.
-    BadInputError names ``where`` and the first offending column."""
+    ``fixed_size_list`` columns stored as plain lists have exactly the declared length, padded
+    list columns no list longer than ``pad_to``. BadInputError names ``where`` and the first offending column."""
     for f in expected.to_arrow():
         if f.name not in table.column_names:
             raise BadInputError(f"{where}: missing column {f.name!r} required by schema {expected.name} "
@@ -270,7 +298,7 @@ def _check_parts(files: list[str], schema: pa.Schema) -> None:
 
 def validate_parquet(path: str | os.PathLike, expected: DatasetSchema, check_data: bool = True) -> pa.Schema:
     """Check a Parquet dataset's schema and (``check_data``) its values against ``expected``:
-    types, nulls in non-nullable columns and fixed list lengths; the values are read one
+    types, nulls in non-nullable columns, fixed list lengths and ``pad_to``; the values are read one
     column at a time, only for the columns that carry such a constraint."""
     s = parquet_schema(path)
     validate(s, expected, str(path))
@@ -284,6 +312,7 @@ def _validate_parquet_values(path: str | os.PathLike, expected: DatasetSchema) -
     from .outputs import local_path
 
     constrained = [f for f in expected.to_arrow() if not f.nullable or pa.types.is_fixed_size_list(f.type)
+                   or pad_length(f) is not None
                    or ((pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type))
                        and not f.type.value_field.nullable)]
     if not constrained:

@@ -236,9 +236,8 @@ def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_
         c = hlf[hlf.label == lab].split.value_counts().to_dict()
         assert c.get("test", 0) == math.floor(n * 0.2) and c.get("val", 0) == math.floor(n * 0.15)
     validate_parquet(rep["hlf"], load_schema("hlf", 2))
-    validate_parquet(rep["llf"], load_schema("llf", 2))
-    assert all(len(x) == 15219 for x in llf.llf) and all(len(x) == 14 for x in hlf.hlf)
-    # row groups sized for Petastorm: 0.25 MiB requested -> row groups of a few 61 kB events
+    validate_parquet(rep["llf"], load_schema("llf", 3))
+    assert [len(x) for x in llf.llf] == [19 * n for n in llf.n_particles] and all(len(x) == 14 for x in hlf.hlf)
     parts = [os.path.join(rep["llf"], p) for p in os.listdir(rep["llf"]) if p.endswith(".parquet")]
     assert sum(pq.ParquetFile(p).metadata.num_rows for p in parts) == total
     # scaling fitted on train only; LLF statistics over real particles only
@@ -249,12 +248,21 @@ def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_
     std = x.std(axis=0)
     np.testing.assert_allclose(sc["hlf"]["std"], np.where(std > 0, std, 1.0), rtol=1e-6, atol=1e-6)
     tl = llf[llf.split == "train"]
-    real = np.concatenate([np.asarray(v, np.float64).reshape(N, F)[:n] for v, n in zip(tl.llf, tl.n_particles)])
+    real = np.concatenate([np.asarray(v, np.float64).reshape(-1, F) for v in tl.llf])
     np.testing.assert_allclose(sc["llf"]["mean"], real.mean(axis=0), rtol=1e-6, atol=1e-6)
-    assert sc["llf"]["count"] == len(real) and len(sc["llf"]["std"]) == 19
-    from pipeline.features.scaling import ScalingModel
+    assert sc["llf"]["count"] == len(real) == tl.n_particles.sum() and len(sc["llf"]["std"]) == 19
+    from pipeline.features.scaling import FeatureScaler, ScalingModel
+    from pipeline.outputs import uri
+    # the Spark estimator on the written train rows (real particles only) agrees with the stage's fit
+    fitted = FeatureScaler().fit(spark.read.parquet(uri(rep["llf"])).where("split = 'train'"))
+    np.testing.assert_allclose(fitted.llf_mean, sc["llf"]["mean"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fitted.llf_std, sc["llf"]["std"], rtol=1e-6, atol=1e-6)
+    assert fitted.llf_count == sc["llf"]["count"]
     model = ScalingModel.load(tmp_path / "f_root" / "scaling.json")
-    scaled = model.transform_llf(np.stack(tl.llf.to_numpy()), tl.n_particles.to_numpy()).reshape(-1, N, F)
+    padded = np.zeros((len(tl), N * F), np.float32)
+    for i, v in enumerate(tl.llf):
+        padded[i, :len(v)] = v
+    scaled = model.transform_llf(padded, tl.n_particles.to_numpy()).reshape(-1, N, F)
     assert not scaled[0, int(tl.n_particles.iloc[0]):].any()          # padding stays zero
     # the file is the ScalingFile contract: a wrong length or a zero std is refused, naming the file
     bad = dict(sc, llf={**sc["llf"], "std": sc["llf"]["std"][:18]})
@@ -280,22 +288,35 @@ def test_feature_stage_root_and_ingested_inputs_agree(spark, three_samples, tmp_
 
 
 def test_parquet_row_groups_follow_the_setting(spark, three_samples, tmp_path):
-    """The writers of hlf/ and llf/ cut row groups at the requested size (Petastorm reads one row
-    group at a time): 0.3 MiB of LLF rows (61 kB each) is 5 rows; 0.0005 MiB of HLF rows is 6."""
+    """The writers of hlf/ and llf/ cut row groups at the requested size (readers hold one row
+    group at a time): 0.0005 MiB of HLF rows is 6 rows; LLF rows vary with their particles, so
+    every LLF row group holds as many rows as fit in 0.05 MiB of values (at least one), across
+    the chunks' boundaries."""
     import pyarrow.parquet as pq
-    from pipeline.features.stage import FeaturesConfig, build_features
+    from pipeline.features.stage import FeaturesConfig, _llf_row_bytes, build_features
 
-    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), llf_row_group_mb=0.3,
+    budget = int(0.05 * (1 << 20))
+    cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), llf_row_group_mb=0.05,
                          hlf_row_group_mb=0.0005, step_size=4)   # chunks of 4 entries: row groups span chunks
     rep = build_features(cfg, spark=spark)
-    for name, cap in (("llf", 5), ("hlf", 6)):
-        total = 0
-        for p in sorted(p for p in os.listdir(rep[name]) if p.endswith(".parquet")):
-            meta = pq.ParquetFile(os.path.join(rep[name], p)).metadata
-            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-            assert all(n == cap for n in sizes[:-1]) and 0 < sizes[-1] <= cap, (name, p, sizes)  # chunks never cut
-            total += sum(sizes)
-        assert total == sum(rep["splits"].values()) > 2 * cap
+    total = 0
+    for p in sorted(p for p in os.listdir(rep["hlf"]) if p.endswith(".parquet")):
+        meta = pq.ParquetFile(os.path.join(rep["hlf"], p)).metadata
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        assert all(n == 6 for n in sizes[:-1]) and 0 < sizes[-1] <= 6, (p, sizes)
+        total += sum(sizes)
+    assert total == sum(rep["splits"].values()) > 12
+    groups = 0
+    for p in sorted(p for p in os.listdir(rep["llf"]) if p.endswith(".parquet")):
+        f = pq.ParquetFile(os.path.join(rep["llf"], p))
+        row_bytes = [_llf_row_bytes(f.read_row_group(i, columns=["n_particles"]).column(0).to_numpy())
+                     for i in range(f.metadata.num_row_groups)]
+        for i, b in enumerate(row_bytes):
+            assert len(b) == 1 or b.sum() <= budget, (p, i, b)                       # never over the budget
+            if i + 1 < len(row_bytes):
+                assert b.sum() + row_bytes[i + 1][0] > budget, (p, i)               # full: the next row did not fit
+        groups += len(row_bytes)
+    assert groups >= 4
     assert not os.path.exists(tmp_path / "f" / "_work")
 
 
@@ -333,14 +354,33 @@ def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, t
         assert t.label.tolist() == np.array(labels)[keep].tolist()
         assert t.split.tolist() == [SPLITS[i] for i in asg.split[keep]]
         np.testing.assert_array_equal(np.stack(t.hlf.to_numpy()), np.concatenate([b.hlf for b in blocks])[keep])
-    np.testing.assert_array_equal(np.stack(llf.llf.to_numpy()), np.concatenate([b.llf for b in blocks])[keep])
-    assert llf.n_particles.tolist() == np.concatenate([b.n_particles for b in blocks])[keep].tolist()
+    want, n_want = np.concatenate([b.llf for b in blocks])[keep], np.concatenate([b.n_particles for b in blocks])[keep]
+    assert llf.n_particles.tolist() == n_want.tolist()
+    for row, w, n in zip(llf.llf, want, n_want):     # the real particles, in order; nothing else
+        np.testing.assert_array_equal(row, w[:19 * n])
+        assert not w[19 * n:].any()
+
+
+@pytest.mark.parametrize("sizes,budget,final,want", [
+    ([3, 3, 3, 3], 7, True, [2, 4]),          # two rows fit in 7, a third does not
+    ([3, 3, 3, 3], 7, False, [2]),            # the last two rows could still take a row: they wait
+    ([3, 3, 3, 3], 6, False, [2, 4]),         # a full group is written at once
+    ([10, 1, 1], 5, True, [1, 3]),            # a row over the budget is a group of its own
+    ([10, 1, 1], 5, False, [1]),
+    ([], 5, True, []),
+])
+def test_llf_row_groups_hold_as_many_rows_as_fit(sizes, budget, final, want):
+    from pipeline.features.stage import row_group_cuts
+
+    assert row_group_cuts(np.array(sizes, np.int64), budget, final) == want
 
 
 @pytest.mark.parametrize("entries,slots,want", [
     ([2000] * 8, 2, [0, 0, 0, 0, 1, 1, 1, 1]),             # 16,000 entries: one task per slot
     ([2000] * 8, 8, list(range(8))),                        # as many slots as chunks: one chunk each
     ([50_000] * 5, 2, [0, 1, 2, 3, 4]),                     # big chunks: one each
+    ([2000] * 12, 2, [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3),  # 24,000 entries: 3 tasks -> 4, a multiple of the slots
+    ([2000] * 7, 4, [0, 0, 1, 1, 2, 2, 3]),                 # 14,000 entries, 4 slots: 4 tasks, not 2
     ([4000] * 10, 2, [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]),       # 40,000 entries: 4 tasks, cut at 10k, 20k, 30k
     ([10, 10, 10, 5000, 10], 2, [0, 0, 0, 0, 1]),           # consecutive: a task ends after its share
     ([], 2, []),

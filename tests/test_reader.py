@@ -71,7 +71,14 @@ def test_eval_reading_splits_rows_between_ranks(shards):
     assert torch.equal(parts[1], full[1::3])
 
 
-def test_llf_scaling_keeps_padding_zero(tmp_path):
+@pytest.mark.parametrize("layout", ["padded", "real particles only"])
+def test_llf_scaling_keeps_padding_zero(tmp_path, layout):
+    """LLF lists padded to 801 x 19 (schema v2), or of the real particles only with ``pad_to``
+    (v3, as the feature stage writes them; padded by the reader): the same scaled tensors,
+    padding exactly zero."""
+    from pipeline.schemas import PAD_KEY, pad_length
+    from pipeline.features.stage import llf_lists
+
     rng = np.random.default_rng(0)
     n_part = np.array([3, 801, 0, 10], np.int32)
     llf = np.zeros((4, 801, 19), np.float32)
@@ -79,10 +86,16 @@ def test_llf_scaling_keeps_padding_zero(tmp_path):
         llf[i, :n] = rng.normal(5, 2, (n, 19))
     d = tmp_path / "llf"
     d.mkdir()
-    pq.write_table(pa.table({"sample_id": np.arange(4), "label": np.array([0, 1, 2, 1]),
-                             "llf": pa.array(list(llf.reshape(4, -1)), type=pa.list_(pa.float32())),
-                             "n_particles": n_part, "hlf": pa.array(list(rng.normal(size=(4, 14)).astype(np.float32)),
-                                                                    type=pa.list_(pa.float32()))}), d / "p.parquet")
+    if layout == "padded":
+        col, meta = pa.array(list(llf.reshape(4, -1)), type=pa.list_(pa.float32())), None
+    else:
+        col, meta = llf_lists(llf.reshape(4, -1), n_part), {PAD_KEY: b"15219"}
+        assert [len(v) for v in col.to_pylist()] == [19 * 3, 19 * 801, 0, 19 * 10]
+    t = pa.table({"sample_id": np.arange(4), "label": np.array([0, 1, 2, 1]), "llf": col, "n_particles": n_part,
+                  "hlf": pa.array(list(rng.normal(size=(4, 14)).astype(np.float32)), type=pa.list_(pa.float32()))})
+    t = t.cast(t.schema.set(2, t.schema.field("llf").with_metadata(meta)))
+    pq.write_table(t, d / "p.parquet")
+    assert (pad_length(pq.read_schema(d / "p.parquet").field("llf")) is None) == (layout == "padded")
     scaling = {"llf": {"mean": [5.0] * 19, "std": [2.0] * 19}, "hlf": {"mean": [0.0] * 14, "std": [1.0] * 14}}
     with ShardReader(str(d), 4, "inclusive", shuffle=False, scaling=scaling) as r:
         (x, n, h), y = next(iter(r))
@@ -90,6 +103,7 @@ def test_llf_scaling_keeps_padding_zero(tmp_path):
     assert torch.equal(n, torch.tensor([3, 801, 0, 10]))
     assert float(x[0, 3:].abs().max()) == 0.0 and float(x[2].abs().max()) == 0.0
     assert torch.allclose(x[0, :3], (torch.from_numpy(llf[0, :3]) - 5) / 2)
+    assert torch.allclose(x[1], (torch.from_numpy(llf[1]) - 5) / 2)
 
 
 def test_manifest_errors_name_file_and_key(tmp_path, shards):

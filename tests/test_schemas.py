@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import BadInputError, ConfigError
-from pipeline.schemas import SCHEMA_DIR, DatasetSchema, load_schema, register_schema, validate_parquet
+from pipeline.schemas import SCHEMA_DIR, DatasetSchema, load_schema, pad_length, register_schema, validate_parquet
 
 
 def _tree(d: Path) -> set[str]:
@@ -79,12 +79,31 @@ def test_nulls_and_wrong_list_lengths_name_the_column(tmp_path, ids, hlf, needle
 
 
 def test_reviewed_feature_schemas_fix_the_list_lengths():
-    for name, col, size in (("hlf", "hlf", 14), ("llf", "llf", 801 * 19), ("llf", "hlf", 14)):
+    for name, col, size in (("hlf", "hlf", 14), ("llf", "hlf", 14)):
         s = load_schema(name)
         t = {c["name"]: c["type"] for c in s.columns}[col]
         assert t == {"fixed_size_list": "float32", "size": size}, (name, col)
         raw = json.loads((SCHEMA_DIR / name / f"v{s.version}.json").read_text())
         assert raw["version"] == s.version
+    llf = {c["name"]: c for c in load_schema("llf").columns}["llf"]     # v3: real particles, padded by readers
+    assert llf["type"] == {"list": "float32"} and llf["pad_to"] == 801 * 19
+    assert load_schema("llf", 2).to_arrow().field("llf").metadata is None
+
+
+def test_a_padded_list_column_carries_its_length_and_refuses_longer_lists(tmp_path):
+    s = DatasetSchema("t", 1, [{"name": "x", "type": {"list": "float32"}, "nullable": False, "pad_to": 3}])
+    f = s.to_arrow().field("x")
+    assert pad_length(f) == 3 and pad_length(pa.field("y", pa.list_(pa.float32()))) is None
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"x": pa.array([[1.0], [], [1.0, 2.0, 3.0]], pa.list_(pa.float32()))},
+                            schema=s.to_arrow()), good)
+    validate_parquet(good, s)
+    assert pad_length(pq.read_schema(good).field("x")) == 3            # the file itself says how to pad
+    assert DatasetSchema.from_arrow("t", 1, s.to_arrow()).columns[0]["pad_to"] == 3
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"x": pa.array([[1.0, 2.0, 3.0, 4.0], [1.0]], pa.list_(pa.float32()))}), bad)
+    with pytest.raises(BadInputError, match=r"column 'x' has 1 list\(s\) longer than pad_to 3 \(longest: 4\)"):
+        validate_parquet(bad, s)
 
 
 def test_spark_written_lists_are_accepted_when_their_lengths_match(spark, tmp_path):

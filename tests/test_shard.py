@@ -219,6 +219,48 @@ def test_exact_input_types_and_extra_splits_are_kept(spark, tmp_path):
     assert pq.read_table(kept["workers"][0]["path"]).schema.field("image").type == pa.list_(pa.uint8())
 
 
+def test_a_padded_list_column_becomes_a_zero_padded_tensor(spark, tmp_path):
+    """An LLF-like column of schema v3 (real rows only, ``pad_to``) is written as tensors of the
+    pad length, each row's values first and zeros after; with tensor_columns=[] the list stays
+    ragged and the loader pads it to the same rows."""
+    from pipeline.data.loader import decode_table
+    from pipeline.schemas import PAD_KEY
+
+    n, pad = 40, 12
+    rng = np.random.default_rng(3)
+    lens = rng.integers(0, pad + 1, n)
+    lens[:3] = [0, pad, 1]
+    rows = [rng.normal(size=k).astype(np.float32) for k in lens]
+    field = pa.field("llf", pa.list_(pa.float32()), False, metadata={PAD_KEY: str(pad).encode()})
+    table = pa.table({"sample_id": pa.array(np.arange(n), pa.int64()), "label": pa.array(np.zeros(n), pa.int64()),
+                      "split": pa.array(["train"] * 30 + ["test"] * 10),
+                      "llf": pa.array([r.tolist() for r in rows], field.type)},
+                     schema=pa.schema([pa.field("sample_id", pa.int64()), pa.field("label", pa.int64()),
+                                       pa.field("split", pa.string()), field]))
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(table, src / "part-0.parquet")
+    padded = np.zeros((n, pad), np.float32)
+    for i, r in enumerate(rows):
+        padded[i, :len(r)] = r
+    man = shard(ShardConfig(input=str(src), output=str(tmp_path / "t"), workers=2, row_group_rows=8), spark=spark)
+    assert man["tensors"] == {"llf": {"dtype": "float32", "length": pad}}
+    kept = shard(ShardConfig(input=str(src), output=str(tmp_path / "l"), workers=2, row_group_rows=8,
+                             tensor_columns=[]), spark=spark)
+    for m in (man, kept):
+        for w in m["workers"]:
+            t = pq.read_table(w["path"])
+            got = decode_table(t, ["sample_id", "llf"], w["path"])
+            assert got["llf"].shape == (t.num_rows, pad)
+            np.testing.assert_array_equal(got["llf"].numpy(), padded[got["sample_id"].numpy()])
+    longer = tmp_path / "longer"
+    longer.mkdir()
+    pq.write_table(table.set_column(3, field, pa.array([[1.0] * (pad + 1)] + [[]] * (n - 1), field.type)),
+                   longer / "part-0.parquet")
+    with pytest.raises(BadInputError, match=rf"column 'llf' has a list of length {pad + 1}, expected at most {pad}"):
+        shard(ShardConfig(input=str(longer), output=str(tmp_path / "x"), workers=2), spark=spark)
+
+
 def test_ragged_tensor_column_is_one_clear_error(capsys, tmp_path):
     lists = [[1.0] * 14] * 9 + [[1.0] * 13]
     src = _tiny(tmp_path, hlf=pa.array(lists, pa.list_(pa.float32())))

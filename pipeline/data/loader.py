@@ -39,7 +39,8 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..fs import is_dir, list_files, location
-from ..shards.tensors import decode, tensor_spec
+from ..schemas import pad_length
+from ..shards.tensors import decode, encode, tensor_spec
 
 #: default in-memory budget: this fraction of the memory available when the reader opens
 MEMORY_FRACTION = 0.25
@@ -146,9 +147,10 @@ def decoded_bytes(path: str, columns: Sequence[str]) -> int:
     return total
 
 
-def decode_column(arr, name: str, where: str) -> np.ndarray:
+def decode_column(arr, name: str, where: str, pad: Optional[int] = None) -> np.ndarray:
     """One Arrow column -> numpy without per-row work: scalars as they are, a list column whose
-    lists all have the same length k as a ``(rows, k)`` array of its values."""
+    lists all have the same length k as a ``(rows, k)`` array of its values; with ``pad`` (the
+    column's ``pad_to``) lists of at most that length as ``(rows, pad)``, zero-padded."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -159,6 +161,12 @@ def decode_column(arr, name: str, where: str) -> np.ndarray:
     t = arr.type
     if pa.types.is_fixed_size_list(t):
         return np.asarray(arr.flatten().to_numpy(zero_copy_only=False)).reshape(len(arr), t.list_size)
+    if pad is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        try:
+            x = encode(arr, name, t.value_type.to_pandas_dtype().__name__, pad, pad=True)
+        except ValueError as e:
+            raise BadInputError(f"{where}: {e}") from None
+        return decode(x, t.value_type.to_pandas_dtype().__name__, pad)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         n = len(arr)
         if n == 0:
@@ -183,8 +191,9 @@ def decode_table(table, columns: Sequence[str], where: str) -> dict:
 
     out = {}
     for c in columns:
-        spec = tensor_spec(table.schema.field(c))
-        x = decode(table.column(c), *spec) if spec else decode_column(table.column(c), c, where)
+        f = table.schema.field(c)
+        spec = tensor_spec(f)
+        x = decode(table.column(c), *spec) if spec else decode_column(table.column(c), c, where, pad_length(f))
         out[c] = torch.from_numpy(np.array(x, copy=True))
     return out
 

@@ -8,7 +8,8 @@ samples' labels, the shard reader and the models. It imports nothing.
 * LLF: :data:`N_PARTICLES` (801) rows of :data:`N_LLF_FEATURES` (19) features, named
   :data:`LLF_NAMES`, flattened particle-major into :data:`LLF_SIZE` (15,219) floats. Row 0 is
   the selected lepton, then at most :data:`CAPS` tracks, photons and neutral hadrons, then zero
-  rows; ``n_particles`` counts the real rows.
+  rows; ``n_particles`` counts the real rows. ``llf/`` (schema v3) stores only the real rows;
+  readers pad to :data:`LLF_SIZE`.
 * Classes: :data:`CLASS_NAMES` (QCD=0, ttbar=1, W+jets=2); :data:`CLASS_LABELS` also accepts the
   aliases a sample name may use.
 """

@@ -162,6 +162,23 @@ def _fixed(col, width: int) -> np.ndarray:
     return vals.reshape(len(arr), width) if len(arr) else np.zeros((0, width), np.float32)
 
 
+def _real_particles(col, n_particles: np.ndarray) -> np.ndarray:
+    """(sum n_particles, N_LLF_FEATURES) float64: each row's first ``n_particles`` particles of an
+    LLF list column, whether it holds the real particles only (schema v3) or is padded to
+    ``LLF_SIZE`` (v1, v2)."""
+    import pyarrow as pa
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_fixed_size_list(arr.type):
+        starts = (arr.offset + np.arange(len(arr), dtype=np.int64)) * arr.type.list_size
+    else:
+        starts = arr.offsets.to_numpy()[:-1].astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)
+    width = np.asarray(n_particles, np.int64) * N_LLF_FEATURES
+    pos = np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
+    return values[np.repeat(starts, width) + pos].astype(np.float64).reshape(-1, N_LLF_FEATURES)
+
+
 def scaling_from_events(hlf: np.ndarray, npart: np.ndarray, llf_mean: np.ndarray, llf_m2: np.ndarray) -> ScalingModel:
     """The model of the train events given per event: ``hlf`` (k, N_HLF), the number of real LLF
     rows ``npart`` (k,) and the mean and M2 of each LLF feature over them ((k, N_LLF_FEATURES),
@@ -196,10 +213,8 @@ class FeatureScaler:
                 t = pa.Table.from_batches([b])
                 acc["hlf"] = acc["hlf"].merge(Moments.of(_fixed(t.column(hlf_col), N_HLF)))
                 if llf_col:
-                    x = _fixed(t.column(llf_col), LLF_SIZE).reshape(-1, N_PARTICLES, N_LLF_FEATURES)
-                    npart = t.column(n_col).to_numpy()
-                    mask = np.arange(N_PARTICLES)[None, :] < npart[:, None]
-                    acc["llf"] = acc["llf"].merge(Moments.of(x[mask]))
+                    real = _real_particles(t.column(llf_col), t.column(n_col).to_numpy())
+                    acc["llf"] = acc["llf"].merge(Moments.of(real))
             rows = [{"what": k, "n": m.n, "mean": m.mean.tolist(), "m2": m.m2.tolist()} for k, m in acc.items()]
             yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("what", pa.string()), ("n", pa.float64()),
                                                                      ("mean", pa.list_(pa.float64())),

@@ -69,7 +69,7 @@ from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..fs import Location, check_writable, location
 from ..outputs import atomic_output_dir, check_staging, local_path, require_exists, uri
-from ..schemas import parquet_schema
+from ..schemas import pad_length, parquet_schema
 from ..spark import spark_task
 from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, TensorSpec, WorkerShard
 from .schemes import SCHEMES, Assignment, Layout, assign, check_sample_count, id_ranges, resolve_layout
@@ -150,7 +150,8 @@ def _check_input(path: Path):
 
 def _tensor_columns(path: Path, schema, names: list[str]) -> dict[str, tuple[str, int]]:
     """{column: (dtype, length)} of the requested tensor columns present in the input; the
-    length is that of the first row (the writer checks every other row against it)."""
+    length is the column's ``pad_to`` (:func:`pipeline.schemas.pad_length`: its rows are padded
+    to it), else that of the first row (the writer checks every other row against it)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
@@ -162,6 +163,10 @@ def _tensor_columns(path: Path, schema, names: list[str]) -> dict[str, tuple[str
         t = schema.field(idx).type
         if not is_numeric_list(t):
             raise BadInputError(f"{path}: column {name!r} has type {t}; a tensor column needs a list of numbers")
+        pad = pad_length(schema.field(idx))
+        if pad is not None:
+            out[name] = (t.value_type.to_pandas_dtype().__name__, pad)
+            continue
         first = None
         for batch in ds.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_batches(
                 columns=[name], batch_size=1):
@@ -253,12 +258,13 @@ def writer_options(out_schema, tensors) -> dict:
     return {"compression": "snappy", "use_dictionary": plain, "write_statistics": plain}
 
 
-def _as_tensors(table, tensors: dict[str, tuple[str, int]], out_schema):
-    """Encode the tensor columns of ``table``; ValueError naming the column on a bad row."""
+def _as_tensors(table, tensors: dict[str, tuple[str, int]], out_schema, padded: frozenset = frozenset()):
+    """Encode the tensor columns of ``table`` (those in ``padded`` padded with zeros); ValueError
+    naming the column on a bad row."""
     import pyarrow as pa
 
-    cols = [encode(table.column(f.name), f.name, *tensors[f.name]) if f.name in tensors else table.column(f.name)
-            for f in out_schema]
+    cols = [encode(table.column(f.name), f.name, *tensors[f.name], pad=f.name in padded) if f.name in tensors
+            else table.column(f.name) for f in out_schema]
     return pa.Table.from_arrays(cols, schema=out_schema)
 
 
@@ -269,6 +275,7 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int, tensor
     stops the task and is reported in the summary's ``error``."""
     columns = list(schema.names)
     out_schema = output_schema(schema, tensors)
+    padded = frozenset(f.name for f in schema if f.name in tensors and pad_length(f) is not None)
 
     def write(batches):
         import pyarrow as pa
@@ -322,7 +329,8 @@ def _make_writer(root: str, dirs: list[str], schema, row_group_rows: int, tensor
                 continue
             dest = b.column(len(columns)).to_numpy()
             try:
-                table = _as_tensors(pa.Table.from_batches([b]).select(columns).cast(schema), tensors, out_schema)
+                table = _as_tensors(pa.Table.from_batches([b]).select(columns).cast(schema), tensors, out_schema,
+                                    padded)
             except ValueError as e:
                 for k, v in (("dest", -1), ("file", ""), ("rows", 0), ("row_groups", 0), ("error", str(e))):
                     done[k].append(v)

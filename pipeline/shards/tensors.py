@@ -6,7 +6,9 @@ dtype, with field metadata ``{"pipeline.tensor": {"dtype": ..., "length": k}}``.
 stores no repetition levels and decoding a row group is a single buffer copy (list columns
 decode element by element: docs/loader.md has the measured comparison). :func:`encode` is used
 by the writer (:mod:`pipeline.shards.materialize`), :func:`decode` by the reader
-(:mod:`pipeline.data.loader`), which also reads plain list columns.
+(:mod:`pipeline.data.loader`), which also reads plain list columns. A list column that declares
+``pad_to`` (the LLF of schema v3 holds only real particles) becomes a tensor of that length,
+each row padded with zeros.
 """
 from __future__ import annotations
 
@@ -47,9 +49,11 @@ def tensor_spec(field) -> Optional[tuple[str, int]]:
     return str(d["dtype"]), int(d["length"])
 
 
-def encode(arr, name: str, dtype: str, length: int):
+def encode(arr, name: str, dtype: str, length: int, pad: bool = False):
     """A list column (Arrow array) -> fixed-size binary array; raises ValueError naming the
-    column when a row is null or its list does not have ``length`` values."""
+    column when a row is null or its list does not have ``length`` values. With ``pad`` (a
+    column with ``pad_to``, :mod:`pipeline.schemas`) a list may be shorter and is padded with
+    zeros; longer is still an error."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -58,16 +62,23 @@ def encode(arr, name: str, dtype: str, length: int):
     n = len(arr)
     if arr.null_count:
         raise ValueError(f"column {name!r} has {arr.null_count} null row(s)")
-    if n:
-        mm = pc.min_max(pc.list_value_length(arr)).as_py()
-        if mm["min"] != length or mm["max"] != length:
-            bad = mm["min"] if mm["min"] != length else mm["max"]
-            raise ValueError(f"column {name!r} has a list of length {bad}, expected {length} (every row of a "
-                             "tensor column needs the same length)")
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64) if n else np.zeros(0, int)
+    if n and (lengths.max() > length or (not pad and lengths.min() != length)):
+        bad = int(lengths.max() if lengths.max() > length else lengths.min())
+        raise ValueError(f"column {name!r} has a list of length {bad}, expected "
+                         f"{'at most ' if pad else ''}{length}"
+                         f"{' (pad_to)' if pad else ' (every row of a tensor column needs the same length)'}")
     values = arr.flatten()
     if values.null_count:
         raise ValueError(f"column {name!r} has null list elements")
-    buf = np.ascontiguousarray(values.to_numpy(zero_copy_only=False).astype(dtype, copy=False))
+    flat = values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    if pad and n and lengths.min() != length:
+        buf = np.zeros((n, length), dtype)
+        starts = np.cumsum(lengths) - lengths
+        buf.reshape(-1)[np.repeat(np.arange(n, dtype=np.int64) * length - starts, lengths)
+                        + np.arange(len(flat))] = flat
+    else:
+        buf = np.ascontiguousarray(flat)
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(buf.itemsize * length), n, [None, pa.py_buffer(buf)])
 
 
