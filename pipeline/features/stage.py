@@ -529,9 +529,11 @@ class _Tally:
     read: dict               # file_index -> events read
 
 
-#: a Spark task of the feature pass gets consecutive chunks up to about this many entries (each
-#: task costs Spark about 0.2 s on 2 cores, about half the time of 2,000 simulated events)
-TASK_ENTRIES = 10_000
+#: a Spark task of the feature pass gets consecutive work units up to about this many entries
+#: (about 7 s of work for simulated ttbar): each task costs Spark 0.2-0.3 s on 2 cores, and on
+#: 64,000 events the stage reached 0.61x the bare rate per core with tasks of 50,000 entries
+#: against 0.55x with 10,000 (bench/features.py --stage-files 32)
+TASK_ENTRIES = 50_000
 #: before a ROOT file is opened its entries are estimated from its size: bytes per entry of the
 #: simulated Delphes files (about 4 kB); a file whose size cannot be read counts as TASK_ENTRIES
 BYTES_PER_ENTRY = 4096
@@ -551,10 +553,17 @@ def pack_units(entries: list[int], slots: int, task_entries: int = TASK_ENTRIES)
     """The task of each unit: consecutive units packed into about ``total / task_entries`` tasks,
     rounded up to a multiple of ``slots`` (so that the last wave of tasks keeps every slot busy;
     never more tasks than units), balanced by entries."""
+    slots = max(1, slots)
+    k = math.ceil(max(1, math.ceil(sum(entries) / max(1, task_entries))) / slots) * slots
+    return balanced_tasks(entries, k)
+
+
+def balanced_tasks(entries: list[int], k: int) -> list[int]:
+    """The task of each unit: consecutive units in ``min(k, len(entries))`` tasks, each task ended
+    once it has its share of the entries."""
     n = len(entries)
     total = sum(entries)
-    slots = max(1, slots)
-    k = min(n, math.ceil(max(1, math.ceil(total / max(1, task_entries))) / slots) * slots)
+    k = max(1, min(n, k))
     out, done, task = [], 0, 0
     for e in entries:
         # move on when this task has its share of what is left
@@ -747,10 +756,15 @@ def _write_llf(spark, path: Path, work_dir: Path, groups: list[tuple], cfg: Feat
         return
     fn = functools.partial(_llf_partition, work_dir=str(work_dir), out_dir=str(path),
                            row_group_bytes=max(1, int(cfg.llf_row_group_mb * (1 << 20))))
-    tasks = pack_units([len(g[4]) for g in groups], spark.sparkContext.defaultParallelism, task_entries=1 << 62)
+    tasks = balanced_tasks([len(g[4]) for g in groups], spark.sparkContext.defaultParallelism)
     df = task_frame(spark, groups, "group int, works array<string>, offsets array<long>, labels array<long>, "
                                    "codes binary", tasks)
-    df.mapInArrow(spark_task(fn), "group int, rows long").collect()
+    written = {r["group"]: r["rows"] for r in df.mapInArrow(spark_task(fn), "group int, rows long").collect()}
+    for g in groups:    # every kept event in its file: a work file lost or cut short is not silent
+        want = int((np.frombuffer(g[4], np.int8) >= 0).sum())
+        if written.get(g[0]) != want:
+            raise RuntimeError(f"llf/part-{g[0]:05d}.parquet: {written.get(g[0])} rows written, the assignment "
+                               f"keeps {want} (work files {g[1][0]} .. {g[1][-1]})")
 
 
 def _per_file(files: list[FileInfo], labels: dict, t: _Tally, written: dict) -> list[dict]:
