@@ -1,6 +1,6 @@
-"""ROOT ingestion from remote inputs and to an object store, against real loopback servers
-(tests/servers.py): ``root://`` inputs from an xrootd server (a glob the server lists, a missing
-file, a closed port, a server that accepts and never answers), ``http://`` inputs from a
+"""ROOT ingestion (and the feature stage) from remote inputs and to an object store, against real
+loopback servers (tests/servers.py): ``root://`` inputs from an xrootd server (a glob the server
+lists, a missing file, a closed port, a server that accepts and never answers), ``http://`` inputs from a
 Range-capable HTTP server, and an ``s3://`` output on moto's S3 server."""
 from __future__ import annotations
 
@@ -181,3 +181,53 @@ def test_output_to_s3_is_committed_and_equals_the_local_output(spark, export, lo
         report = outputs.read_json(loc.child("_report.json"))
         assert report["output"] == uri and report["rows"] == local_parts.num_rows
         assert outputs.read_json(loc.child("_schema.json"))["columns"]
+
+
+@pytest.fixture(scope="module")
+def delphes_export(delphes_root, tmp_path_factory) -> Path:
+    """Delphes-layout ttbar / wjets files (boosted real delphes.root events) to serve over root://."""
+    import hep_root_fixtures as H
+
+    d = tmp_path_factory.mktemp("delphes-export")
+    colls = H.boosted(H.read_required(delphes_root))
+    H.write_delphes_like(d / "ttbar_0000.root", H.take(colls, list(range(25))))
+    H.write_delphes_like(d / "wjets_0000.root", H.take(colls, list(range(24, -1, -1))))
+    return d
+
+
+@pytest.mark.timeout(300)
+def test_feature_stage_reads_root_urls_like_local_files(spark, delphes_export, tmp_path_factory, tmp_path):
+    """The feature stage's tasks open and plan root:// files themselves (the driver opens none):
+    a served glob gives the datasets of the local files, chunked (step_size 10: a second pass) or
+    whole; a missing file on the server is a bad file and the good ones are kept."""
+    import pyarrow.dataset as pads
+
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    samples = [{"name": "ttbar", "label": 1, "files": ["ttbar_*.root"]},
+               {"name": "wjets", "label": 2, "files": ["wjets_*.root"]}]
+
+    def rows(path):
+        t = pads.dataset(str(path), format="parquet", ignore_prefixes=[".", "_"]).to_table()
+        return t.sort_by("sample_id").to_pylist()
+
+    with xrootd_server(delphes_export, tmp_path_factory.mktemp("xrootd-log")) as server:
+        for step in (10, "50 MB"):
+            cfg = dict(samples=samples, step_size=step, test_fraction=0.2, val_fraction=0.2, seed=3)
+            local = build_features(FeaturesConfig(input=str(delphes_export / "*.root"),
+                                                  output=str(tmp_path / f"l{step}"), **cfg), spark=spark)
+            remote = build_features(FeaturesConfig(input=server.url(delphes_export) + "/*.root",
+                                                   output=str(tmp_path / f"r{step}"), **cfg), spark=spark)
+            assert [f["file"] for f in remote["files"]] == [server.url(delphes_export / n)
+                                                             for n in ("ttbar_0000.root", "wjets_0000.root")]
+            assert [f["events_read"] for f in remote["files"]] == [25, 25] and not remote["bad_files"]
+            assert remote["splits"] == local["splits"] and sum(local["splits"].values()) > 0
+            for name in ("hlf", "llf"):
+                assert rows(tmp_path / f"r{step}" / name) == rows(tmp_path / f"l{step}" / name), (step, name)
+        missing = server.url(delphes_export / "ttbar_9999.root")
+        with pytest.raises(BadInputError, match="1 of 2 input file.*ttbar_9999.root"):
+            build_features(FeaturesConfig(input=[missing, server.url(delphes_export / "wjets_0000.root")],
+                                          output=str(tmp_path / "bad"), **cfg), spark=spark)
+        rep = json.loads((tmp_path / "bad" / "report.json").read_text())
+        assert [b["file"] for b in rep["bad_files"]] == [missing]
+        assert {f["file"]: f["written"] for f in rep["files"]}[server.url(delphes_export / "wjets_0000.root")] > 0
