@@ -641,3 +641,37 @@ def test_fast_path_matches_reference_on_random_events():
         _compare_with_reference(events)
 
     check()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gru", "inclusive"])
+def test_llf_output_trains_the_particle_models_through_the_shards(spark, three_samples, tmp_path, model):
+    """llf/ (real particles only) -> the shard stage (padded 801 x 19 tensors) -> the particle
+    models train on it with the stage's scaling.json: every row of the shards is its event's
+    padded LLF, and the training takes every step of its 2 epochs with a finite test loss."""
+    import pyarrow.parquet as pq
+
+    from pipeline.data.loader import decode_table
+    from pipeline.features.stage import FeaturesConfig, build_features
+    from pipeline.shards.materialize import ShardConfig, shard
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+
+    feats = tmp_path / "f"
+    rep = build_features(FeaturesConfig(samples=_samples(three_samples), output=str(feats), step_size=10,
+                                        test_fraction=0.2, val_fraction=0.2, seed=1), spark=spark)
+    man = shard(ShardConfig(input=rep["llf"], output=str(tmp_path / "shards"), workers=1, row_group_rows=8),
+                spark=spark)
+    assert man["tensors"]["llf"] == {"dtype": "float32", "length": N * F}
+    src = _table(rep["llf"]).set_index("sample_id")
+    t = pq.read_table(man["workers"][0]["path"])
+    got = decode_table(t, ["sample_id", "llf"], "shard")
+    for sid, x in zip(got["sample_id"].tolist(), got["llf"].numpy()):
+        real = np.asarray(src.llf[sid], np.float32)
+        np.testing.assert_array_equal(x[:len(real)], real)
+        assert len(real) == 19 * src.n_particles[sid] and not x[len(real):].any()
+    s = train(TrainConfig(manifest=str(tmp_path / "shards" / "manifest.json"), output=str(tmp_path / "run"),
+                          launcher="local", model=model, epochs=2, batch_size=8, optimizer="adam", lr=0.001,
+                          progress=False))
+    # full batches only: 2 epochs of rows // 8 steps
+    assert s["steps"] == 2 * (man["workers"][0]["rows"] // 8) >= 2 and math.isfinite(s["test_loss"]), s
