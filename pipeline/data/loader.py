@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import BadInputError
 from ..fs import is_dir, list_files, location
 from ..schemas import pad_length
-from ..shards.tensors import decode, encode, tensor_spec
+from ..shards.tensors import decode, rows_array, tensor_spec
 
 #: default in-memory budget: this fraction of the memory available when the reader opens
 MEMORY_FRACTION = 0.25
@@ -163,10 +163,9 @@ def decode_column(arr, name: str, where: str, pad: Optional[int] = None) -> np.n
         return np.asarray(arr.flatten().to_numpy(zero_copy_only=False)).reshape(len(arr), t.list_size)
     if pad is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
         try:
-            x = encode(arr, name, t.value_type.to_pandas_dtype().__name__, pad, pad=True)
+            return rows_array(arr, name, t.value_type.to_pandas_dtype().__name__, pad, pad=True)
         except ValueError as e:
             raise BadInputError(f"{where}: {e}") from None
-        return decode(x, t.value_type.to_pandas_dtype().__name__, pad)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         n = len(arr)
         if n == 0:

@@ -434,12 +434,12 @@ class _RowGroups:
     many chunks never make small row groups."""
 
     def __init__(self, writer, budget: int) -> None:
-        self.writer, self.budget, self.pending, self.bytes = writer, budget, [], 0
+        self.writer, self.budget, self.pending, self.sizes = writer, budget, [], []
 
     def add(self, table) -> None:
         self.pending.append(table)
-        self.bytes += int(_llf_row_bytes(table.column("n_particles").to_numpy()).sum())
-        if self.bytes > self.budget:
+        self.sizes.append(_llf_row_bytes(table.column("n_particles").to_numpy()))
+        if sum(int(x.sum()) for x in self.sizes) > self.budget:
             self._write(final=False)
 
     def close(self) -> None:
@@ -449,14 +449,13 @@ class _RowGroups:
     def _write(self, final: bool) -> None:
         import pyarrow as pa
 
-        t = pa.concat_tables(self.pending)
-        sizes = _llf_row_bytes(t.column("n_particles").to_numpy())
+        t, sizes = pa.concat_tables(self.pending), np.concatenate(self.sizes)
         start = 0
         for end in row_group_cuts(sizes, self.budget, final):
             self.writer.write_table(t.slice(start, end - start), row_group_size=end - start)
             start = end
         rest = t.slice(start)
-        self.pending, self.bytes = ([rest] if rest.num_rows else []), int(sizes[start:].sum())
+        self.pending, self.sizes = ([rest], [sizes[start:]]) if rest.num_rows else ([], [])
 
 
 def _llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_bytes: int) -> Iterator:

@@ -55,6 +55,16 @@ def encode(arr, name: str, dtype: str, length: int, pad: bool = False):
     column with ``pad_to``, :mod:`pipeline.schemas`) a list may be shorter and is padded with
     zeros; longer is still an error."""
     import pyarrow as pa
+
+    buf = rows_array(arr, name, dtype, length, pad)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(buf.itemsize * length), len(buf),
+                                                [None, pa.py_buffer(buf)])
+
+
+def rows_array(arr, name: str, dtype: str, length: int, pad: bool = False) -> np.ndarray:
+    """A list column (Arrow array) -> ``(rows, length)`` C-contiguous array of ``dtype``, the
+    checks and the zero padding of :func:`encode`."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if isinstance(arr, pa.ChunkedArray):
@@ -77,9 +87,8 @@ def encode(arr, name: str, dtype: str, length: int, pad: bool = False):
         starts = np.cumsum(lengths) - lengths
         buf.reshape(-1)[np.repeat(np.arange(n, dtype=np.int64) * length - starts, lengths)
                         + np.arange(len(flat))] = flat
-    else:
-        buf = np.ascontiguousarray(flat)
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(buf.itemsize * length), n, [None, pa.py_buffer(buf)])
+        return buf
+    return np.ascontiguousarray(flat).reshape(n, length)
 
 
 def decode(arr, dtype: str, length: int) -> np.ndarray:
