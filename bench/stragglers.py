@@ -9,11 +9,12 @@ through the real training stage with the straggler simulator on:
 * scenario ``delay``: every step of every worker is delayed by 50 ms with probability 0.1.
 
 Algorithms: AR-SGD, local SGD (fixed H and time-budgeted), SwarmSGD (fixed H and
-time-budgeted, alone and with SlowMo) and the asynchronous ones: AD-PSGD, EA-wild, locked
-asynchronous EASGD and the asynchronous parameter server, alone and with SlowMo. The
-time-budgeted and asynchronous runs use wall-clock rounds of H x a fast worker's step time
-(estimated from the first AR-SGD run) with a nominal H scaled by the workers' mean speed, so
-they process about the same number of samples as AR-SGD.
+time-budgeted, alone and with SlowMo) and the asynchronous ones: AD-PSGD, EA-wild (as published,
+and with its drag compensation: ``compensate: true``, docs/async.md), locked asynchronous
+EASGD and the asynchronous parameter server, alone and with SlowMo. The time-budgeted and
+asynchronous runs use wall-clock rounds of H x a fast worker's step time (estimated from the
+first AR-SGD run) with a nominal H scaled by the workers' mean speed, so they process about the
+same number of samples as AR-SGD.
 
 The task is calibrated in SAMPLES, which do not depend on the machine's load: plain SGD (no
 momentum, lr 0.01 per worker, x4 by the linear rule), local batch 32, 36 passes over the
@@ -26,18 +27,21 @@ steps: 1,536 samples).
 Resolution: the target accuracy is AR-SGD's (smoothed) validation accuracy at its first
 evaluation after ``--min-samples`` (90,000) samples and ``--min-seconds`` (30 s) of training
 that beats all its evaluations before by more than ``--margin-pp`` (0.5 pp; without the margin
-if none does), unless ``--target`` is given; every algorithm runs
+if none does), in the fastest of AR-SGD's repeats (so every repeat needs that long), unless
+``--target`` is given; every algorithm runs
 ``--repeats`` times (3) and the table prints the median time to target, its spread (min-max),
 the median ratio to AR-SGD's median, and the IDEAL ratio ``M * min_i r_i / sum_i r_i`` from the
 per-worker step rates r_i of the same run (one 2x-slow worker among 4 at nominal rates: 4/7 =
 0.57). The straggler simulator sleeps, which frees a shared core for the others, so the measured
 rates, not the nominal 2x, define the ideal. "val@AR" is the (smoothed) validation accuracy once
-a run has processed AR-SGD's number of samples (asynchronous runs log their global step count),
-to compare sample efficiency. The verdict (issue targets, for AD-PSGD, EA-wild and the
+a run has processed AR-SGD's number of samples (asynchronous runs log their global step count;
+a run that processed fewer is compared with AR-SGD's accuracy at its own count), to compare
+sample efficiency. The verdict (issue targets, for AD-PSGD, both EA-wild rows and the
 time-budgeted SwarmSGD): PASS when ratio <= 1.1 x ideal and val@AR >= AR-SGD's - 0.5 pp.
 Prints a table, writes ``<out>/results.json`` and a PNG of accuracy against wall time per
 algorithm and scenario. ``--resolve`` runs just what the verdict needs (AR-SGD, AD-PSGD,
-EA-wild, SwarmSGD time; scenario slow; 3 repeats; about 12 minutes on an idle 2-core machine);
+both EA-wild rows, SwarmSGD time; scenario slow; 3 repeats; about 14 minutes on an idle 2-core
+machine);
 ``--small`` is a smoke run (fewer samples, one repeat, no minimum).
 
     .venv/bin/python bench/stragglers.py --resolve
@@ -58,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # train_fixtures: shards of the real digits
 
 H = 4
-VERDICT = ("AD-PSGD", "EA-wild", "SwarmSGD time")  # the rows the issue's targets apply to
+VERDICT = ("AD-PSGD", "EA-wild", "EA-wild compensated", "SwarmSGD time")  # the rows the issue's targets apply to
 RESOLVE = {"only": ",".join(VERDICT), "scenarios": "slow", "repeats": 3}
 #: --resolve's learning rate and passes unless given: at lr 0.01 AR-SGD's curve flattens before 30 s
 #: on the 2-core machine; at 0.005 over 60 passes it still rises (target 0.924, reached after 32-36 s)
@@ -75,6 +79,7 @@ MEAN_SPEED = {"slow": (3 + 1 / 2.0) / 4, "delay": 1.0}  # mean worker speed / a 
 
 def algorithms(round_s: float, scen: str = "slow", eawild_alpha: float | None = None) -> dict[str, dict]:
     timed_swarm = {"schedule": "time", "round_seconds": round_s, "local_steps": H}
+    alpha = {"alpha": eawild_alpha} if eawild_alpha else {}
     hr = 2 * H  # asynchronous rounds: 2H fast steps of wall clock, nominal steps at the mean speed
     rounds = {"round_seconds": round(2 * round_s, 4), "round_steps": max(1, round(hr * MEAN_SPEED[scen]))}
 
@@ -92,7 +97,8 @@ def algorithms(round_s: float, scen: str = "slow", eawild_alpha: float | None = 
                                                               "tau": 2, "beta": 0.5}},
         "AD-PSGD": {"name": "adpsgd", "params": rounds},
         "AD-PSGD+SlowMo": slowmo("adpsgd"),
-        "EA-wild": {"name": "eawild", "params": {**rounds, **({"alpha": eawild_alpha} if eawild_alpha else {})}},
+        "EA-wild": {"name": "eawild", "params": {**rounds, **alpha}},
+        "EA-wild compensated": {"name": "eawild", "params": {**rounds, **alpha, "compensate": True}},
         "EA-wild+SlowMo": slowmo("eawild"),
         "EASGD locked": {"name": "eawild", "params": {**rounds, "lock": True}},
         "async PS": {"name": "async_ps", "params": rounds},
@@ -163,6 +169,16 @@ def pick_target(run: dict, min_s: float, min_samples: float, margin: float = 0.0
                      f"(best {best:.3f} before): train longer (--epochs) or pass --target")
 
 
+def calibrate_target(ar_runs: list[dict], args) -> float:
+    """The target from every AR-SGD repeat: the highest of their :func:`pick_target` values, i.e.
+    the one of the fastest run (the curves in samples are the same in every repeat, the same seed),
+    so that every repeat, not only the first, needs at least ``--min-seconds`` to reach it."""
+    target = max(pick_target(r, args.min_seconds, args.min_samples, args.margin_pp / 100) for r in ar_runs)
+    print(f"  target accuracy {target:.3f} (every AR-SGD repeat needs >= {args.min_seconds:g} s and "
+          f">= {args.min_samples:.0f} samples)", flush=True)
+    return target
+
+
 def verdict(name: str, rel: float, d_pp: float) -> str:
     """The issue's targets: time ratio within 1.1x the ideal, accuracy within 0.5 pp after AR-SGD's samples."""
     if name not in VERDICT:
@@ -221,10 +237,8 @@ def run_all(manifest: Path, out: Path, args) -> tuple[dict, dict]:
                     calib.update(round_s=round(H * step_s, 3), step_s=step_s)
                     print(f"  fast-worker step time ~{step_s * 1000:.0f} ms -> round budget {calib['round_s']} s "
                           f"(H={H})", flush=True)
-                if calib["target"] is None:
-                    calib["target"] = pick_target(r, args.min_seconds, args.min_samples, args.margin_pp / 100)
-                    print(f"  target accuracy {calib['target']:.3f} (AR-SGD needs >= {args.min_seconds:g} s and "
-                          f">= {args.min_samples:.0f} samples)", flush=True)
+            if name == "AR-SGD" and calib["target"] is None:
+                calib["target"] = calibrate_target(results[scen]["AR-SGD"], args)
             algos = algorithms(calib["round_s"], scen, args.eawild_alpha)
     return results, calib
 
@@ -235,13 +249,13 @@ def table(results: dict, target: float) -> dict:
         base = statistics.median(time_to(r["curve"], target) for r in runs["AR-SGD"])
         base_acc = statistics.median(r["summary"]["test_accuracy"] for r in runs["AR-SGD"])
         base_samples = statistics.median(r["summary"]["samples_processed"] for r in runs["AR-SGD"])
-        base_val = statistics.median(acc_at_samples(r, base_samples) for r in runs["AR-SGD"])
         print(f"\nscenario {scen}: time to {target:.3f} validation accuracy, median of {len(runs['AR-SGD'])} "
               f"repeat(s), ratio to AR-SGD's median (< 1 = faster); ideal = M*min(r)/sum(r) of the same runs")
-        print(f"val acc @ AR samples: validation accuracy once the run processed AR-SGD's {base_samples:.0f} samples; "
-              f"d pp: its difference to AR-SGD's; verdict: r/ideal <= {IDEAL_SLACK} and d pp >= -{ACC_SLACK_PP}")
+        print(f"val@AR: validation accuracy once the run processed AR-SGD's {base_samples:.0f} samples (or all of "
+              f"its own, where fewer: 'at'); d pp: its difference to AR-SGD's after as many samples; "
+              f"verdict: r/ideal <= {IDEAL_SLACK} and d pp >= -{ACC_SLACK_PP}")
         hdr = (f"{'algorithm':22s} {'median s':>9s} {'spread s':>13s} {'ratio':>6s} {'ideal':>6s} {'r/ideal':>7s} "
-               f"{'val@AR':>7s} {'d pp':>6s} {'test acc':>8s} {'samples':>8s} {'verdict':>7s}")
+               f"{'val@AR':>7s} {'at':>7s} {'d pp':>6s} {'test acc':>8s} {'samples':>8s} {'verdict':>7s}")
         print(hdr)
         print("-" * len(hdr))
         for name, reps in runs.items():
@@ -249,7 +263,10 @@ def table(results: dict, target: float) -> dict:
             t = statistics.median(ts)
             ratio = t / base if math.isfinite(t) and math.isfinite(base) and base > 0 else math.inf
             ideal = 1.0 if name == "AR-SGD" else statistics.median(ideal_ratio(r["rates"]) for r in reps)
-            val = statistics.median(acc_at_samples(r, base_samples) for r in reps)
+            # the same number of samples: AR-SGD's, or fewer when this run processed fewer (time-mode rounds)
+            at = min(base_samples, statistics.median(r["summary"]["samples_processed"] for r in reps))
+            val = statistics.median(acc_at_samples(r, at) for r in reps)
+            base_val = statistics.median(acc_at_samples(r, at) for r in runs["AR-SGD"])
             acc = statistics.median(r["summary"]["test_accuracy"] for r in reps)
             samples = statistics.median(r["summary"]["samples_processed"] for r in reps)
             fin = [x for x in ts if math.isfinite(x)]
@@ -259,10 +276,12 @@ def table(results: dict, target: float) -> dict:
             out.setdefault(scen, {})[name] = {"time_s": t, "times_s": ts, "ratio": ratio, "ideal_ratio": ideal,
                                               "verdict": v,
                                               "ratio_over_ideal": rel, "final_test_acc": acc,
-                                              "val_acc_at_ar_samples": val, "acc_diff_pp": 100 * (val - base_val),
+                                              "val_acc_at_ar_samples": val, "compared_at_samples": at,
+                                              "acc_diff_pp": 100 * (val - base_val),
                                               "test_acc_diff_pp": 100 * (acc - base_acc), "samples": samples}
             print(f"{name:22s} {t if math.isfinite(t) else float('nan'):9.2f} {spread:>13s} {ratio:6.2f} "
-                  f"{ideal:6.2f} {rel:7.2f} {val:7.3f} {100 * (val - base_val):6.2f} {acc:8.3f} {samples:8.0f} {v:>7s}")
+                  f"{ideal:6.2f} {rel:7.2f} {val:7.3f} {at:7.0f} {100 * (val - base_val):6.2f} {acc:8.3f} "
+                  f"{samples:8.0f} {v:>7s}")
     return out
 
 

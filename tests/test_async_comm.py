@@ -291,3 +291,92 @@ def test_eawild_one_group_of_all_workers_is_one_pusher():
     np.testing.assert_allclose(x, np.stack([xm] * world), rtol=0, atol=1e-9)
     np.testing.assert_allclose(c, cr, rtol=0, atol=1e-9)
     assert float(np.abs(x[0] - c).max()) < 0.01 * float(np.abs(x0.mean(0) - x0[0]).max())
+
+
+# ---------------------------------------------------------------------------- EA-wild drag
+def _eawild_drift(rank, world, group_size, lock, compensate, steps, lr, alpha):
+    """EAWild under a constant gradient (every coordinate 1) from a common start: each worker's
+    position after half and after all of ``steps`` local steps (one step-mode round)."""
+    from pipeline.train.algorithms.eawild import EAWild
+    from pipeline.train.comm.torch_dist import TorchDistCommunicator
+
+    comm = TorchDistCommunicator()
+    x = torch.nn.Parameter(torch.zeros(DIM, dtype=torch.float64))
+    alg = EAWild([x], torch.optim.SGD([x], lr=lr), comm, tau=1, alpha=alpha, group_size=group_size, lock=lock,
+                 compensate=compensate, round_steps=steps, timeout_s=30)
+    half = None
+    for k in range(steps):
+        x.grad = torch.ones_like(x)
+        alg.step()
+        time.sleep(0.003)   # every worker at about the same step rate (rank 0 reaches the centre in memory)
+        if k + 1 == steps // 2:
+            half = x.detach().clone()
+    assert alg.round_finished
+    out = {"half": _gather(half, world), "x": _gather(x.detach().clone(), world), "c": alg.centre_flat().numpy()}
+    alg.close()
+    return out
+
+
+@pytest.mark.parametrize("world,group_size,lock", [(4, 1, False), (4, 1, True), (3, 1, True), (4, 2, True)])
+def test_eawild_moves_at_one_over_the_drag_factor_and_compensation_restores_the_gradient_speed(world, group_size,
+                                                                                                lock):
+    """Under a constant gradient the workers and the centre settle into one velocity: lr / f per
+    local step for EA-wild as published (f = drag_factor(alpha, M, G, lock): 1.35 for M = 4 and
+    alpha 0.1 lock-free, 1.28 locked), lr with ``compensate`` (each gradient step scaled by f): the
+    speed of AR-SGD per sample."""
+    from pipeline.train.algorithms.eawild import drag_factor
+
+    steps, lr, alpha = 400, 0.01, 0.1
+    f = drag_factor(alpha, world, group_size, lock)
+    assert f > 1.1
+    for compensate, want in ((False, lr / f), (True, lr)):
+        out = run_procs(_eawild_drift, world, group_size, lock, compensate, steps, lr, alpha)
+        assert all(err is None for _, err in out.values()), out
+        r0 = out[0][0]
+        v = float(((r0["half"] - r0["x"]) / (steps - steps // 2)).mean())   # the descent speed per local step
+        assert v == pytest.approx(want, rel=0.06), (compensate, v, want, f)
+        gap = float(np.abs(r0["x"].mean(0) - r0["c"]).max())     # the centre follows at a bounded distance
+        assert gap < 0.2 * lr * steps, gap
+
+
+def _eawild_killed(rank, world, victim, outdir):
+    """EAWild (lock-free, remote pushes on the sending thread) with per-round output; ``victim``
+    SIGKILLs itself in its second round."""
+    from pipeline.outputs import atomic_output_dir
+    from pipeline.train.algorithms.eawild import EAWild
+    from pipeline.train.comm.torch_dist import TorchDistCommunicator
+
+    comm = TorchDistCommunicator()
+    x = torch.nn.Parameter(_vector(rank))
+    alg = EAWild([x], torch.optim.SGD([x], lr=0.01), comm, alpha=0.2, round_steps=10, timeout_s=5)
+    t0 = time.time()
+    try:
+        with atomic_output_dir(os.path.join(outdir, f"rank{rank}")) as tmp:
+            for r in range(6):
+                for k in range(10):
+                    x.grad = torch.ones_like(x)
+                    alg.step()
+                    time.sleep(0.005)
+                    if rank == victim and r == 1 and k == 4:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                np.save(os.path.join(tmp, f"round{r}.npy"), x.detach().numpy())
+    finally:
+        alg.close()
+    return time.time() - t0
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_eawild_a_peer_killed_mid_run_fails_the_others_clearly(tmp_path, victim):
+    """The centre holder (0) or a remote pusher (2) killed mid-round: the survivors (a push in
+    flight on the sending thread included) end with a PeerError naming their rank within the
+    timeouts, and write nothing."""
+    world = 3
+    t0 = time.time()
+    out = run_procs(_eawild_killed, world, victim, str(tmp_path), timeout=90, expect=world - 1)
+    assert set(out) == set(range(world)) - {victim}
+    for rank, (res, err) in out.items():
+        assert res is None and err is not None, (rank, res)
+        assert "PeerError" in err and f"rank {rank}" in err, err
+    assert time.time() - t0 < 60
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith(f".rank{victim}.")]
+    assert left == [], left

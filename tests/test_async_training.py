@@ -48,6 +48,7 @@ CASES = {
     "eawild": {"name": "eawild", "params": ROUND},
     "easgd_locked": {"name": "eawild", "params": {**ROUND, "lock": True}},
     "eawild_groups": {"name": "eawild", "params": {**ROUND, "group_size": 2}},
+    "eawild_compensated": {"name": "eawild", "params": {**ROUND, "compensate": True}},
     "async_ps": {"name": "async_ps", "params": ROUND},
     "slowmo_adpsgd": {"name": "slowmo", "params": {"base": "adpsgd", "base_params": ROUND, "tau": 2, "beta": 0.2}},
     "slowmo_eawild_noavg": {"name": "slowmo", "params": {"base": "eawild", "base_params": ROUND, "tau": 2,

@@ -345,10 +345,9 @@ def _feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int
                 if a == WHOLE_FILE:
                     with read_deadline(file_timeout_s):
                         t, _, entries, ranges, _ = plan_file(path, tree, required, required, mode, size)
-                        if len(ranges) == 1:
+                        if len(ranges) == 1:   # one chunk: processed here, on the open tree, as that chunk
                             ev = read_arrays(t, required, *ranges[0])
-                    if len(ranges) == 1:
-                        a, b = ranges[0]
+                            a, b = ranges[0]
                 else:
                     ev = _read_unit(path, tree, a, b, file_timeout_s)
                 if ev is not None:

@@ -10,11 +10,14 @@ j does, with ``alpha = lr * rho`` (or a fixed ``alpha``)::
 (the gradient part ``x_j <- x_j - lr * g_j`` is the base optimizer's step). The holder applies
 arrivals one after the other **without a lock between a worker's pull and its push**: other
 workers' pushes may land in between (staleness = centre updates between the pull and the
-push). ``lock=True`` is the locked asynchronous EASGD of Zhang et al. 2015 that EA-wild
-improves on: the pull, the elastic update and the push are one critical section on the
-holder (ACQUIRE -> c, PUSH -> release), so every worker sees the newest centre and the result
-equals the sequential EASGD updates in the holder's grant order (``CentreHolder.order``); the
-waiting it costs is measured (idle fraction).
+push). A remote worker's push runs on its link's sending thread
+(:meth:`CentreLink.push_async`) while the worker computes its next gradient; the reply is taken
+just before the next elastic move, its only use, so the update rule is that of a blocking push
+and the round trip no longer idles the worker. ``lock=True`` is the locked asynchronous EASGD
+of Zhang et al. 2015 that EA-wild improves on: the pull, the elastic update and the push are one
+critical section on the holder (ACQUIRE -> c, PUSH -> release), so every worker sees the newest
+centre and the result equals the sequential EASGD updates in the holder's grant order
+(``CentreHolder.order``); the waiting it costs is measured (idle fraction).
 
 The holder (:class:`CentreHolder`) serves every other rank from its own thread on its own
 pair channel; pushes are applied one at a time under a mutex. The holder logic (with
@@ -33,11 +36,21 @@ alpha c_l`` and the leader pushes that. G = 1 is EA-wild as above; G = M is one 
 memory) with an allreduce of all workers. In time mode a grouped round ends only at an exchange,
 when the clock of any group member says so (a flag carried in the same allreduce), so the members
 always take the same number of steps.
+
+Drag compensation (``compensate: true``; off by default, i.e. Algorithm 1 as published): the
+elastic moves conserve the sum of the workers and the centre except for the centre's share, so
+once the gaps have settled the system moves at ``1 / f`` of the workers' gradient speed, with
+``f = 1 + G / (M (1 - alpha)) + alpha s G / M`` (M workers, G per group, s pushes between a
+pull and the next push; :func:`drag_factor`, derivation in docs/async.md): ``1/f`` is 0.74 for
+M = 4 and alpha 0.1 (0.78 with the lock). With the option every worker's gradient step is
+multiplied by ``f`` (the optimizer's learning rate for that step), so the system moves at
+AR-SGD's speed per sample, as the linear scaling rule makes the other algorithms do.
 """
 from __future__ import annotations
 
 import threading
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
 import torch
@@ -172,6 +185,7 @@ class CentreLink:
         self.ch, self.holder, self.numel, self.dtype, self.stats = channel, holder, int(numel), dtype, stats
         self.rank = channel.rank if channel is not None else 0
         self.round = 0
+        self._pool: Optional[ThreadPoolExecutor] = None
 
     def push(self, payload: torch.Tensor) -> torch.Tensor:
         """Lock-free: apply ``payload`` at the holder, return the centre after it (the next pull)."""
@@ -181,6 +195,14 @@ class CentreLink:
         self.ch.send_header(0, PUSH, self.round)
         self.ch.send(payload, 0)
         return self._reply()
+
+    def push_async(self, payload: torch.Tensor) -> Future:
+        """:meth:`push` on this link's sending thread (a remote worker): returns at once; the
+        future's result is the centre after the push. One push at a time: wait for the previous
+        result first."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"centre-push-{self.rank}")
+        return self._pool.submit(self.push, payload)
 
     def locked_update(self, update: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Locked: c = pull under the holder's lock, payload = update(c), push, release; returns c after."""
@@ -220,6 +242,21 @@ class CentreLink:
             self.holder.leave(timeout_s)
         elif self.ch is not None:
             self.ch.send_header(0, LEAVE, self.round)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def drag_factor(alpha: float, workers: int, group_size: int = 1, locked: bool = False) -> float:
+    """The factor ``f`` by which EA-wild's centre slows the system's mean-field velocity (to
+    ``1/f`` of the workers' gradient speed; docs/async.md, "Why EA-wild trails in samples"):
+    ``f = 1 + G / (M (1 - alpha)) + alpha * s * G / M`` with P = M/G pushers and ``s`` the pushes
+    that land between a pusher's pull and its push: ``P - 1`` lock-free (each reply is the pull of
+    the next push, and the other pushers take their turn in between), 0 with the lock."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"EA-wild drag compensation needs a moving rate alpha in (0, 1), got {alpha:g}")
+    pushers = workers // group_size
+    stale = 0 if locked else pushers - 1
+    return 1.0 + group_size / (workers * (1.0 - alpha)) + alpha * stale * group_size / workers
 
 
 def elastic_rule(c: torch.Tensor, payload: torch.Tensor) -> None:
@@ -236,6 +273,8 @@ class EAWildParams(AsyncParams):
     lock: bool = Field(False, description="locked asynchronous EASGD (pull-update-push atomic) instead of EA-wild")
     group_size: int = Field(1, ge=1, description="workers per synchronous group (one leader pushes); divides the "
                                                  "number of workers; 1 = no grouping")
+    compensate: bool = Field(False, description="multiply each gradient step by drag_factor(alpha, M, G), so the "
+                                                "workers and the centre move at AR-SGD's speed per sample")
 
     @model_validator(mode="after")
     def _one(self):
@@ -311,10 +350,12 @@ class EAWild(CentreAlgorithm):
     name = "eawild"
 
     def __init__(self, params, optimizer, comm, averager=None, *, tau: int = 1, alpha: Optional[float] = None,
-                 rho: Optional[float] = None, lock: bool = False, group_size: int = 1, **kw) -> None:
+                 rho: Optional[float] = None, lock: bool = False, group_size: int = 1, compensate: bool = False,
+                 **kw) -> None:
         super().__init__(params, optimizer, comm, averager, group_size=group_size, **kw)
         self._group_due = False
-        self.tau, self.rho, self.locked = int(tau), rho, bool(lock)
+        self.tau, self.rho, self.locked, self.compensate = int(tau), rho, bool(lock), bool(compensate)
+        self._inflight: Optional[Future] = None   # a remote worker's push whose reply has not been taken
         self._alpha = 0.1 if alpha is None and rho is None else alpha
 
     @property
@@ -324,20 +365,50 @@ class EAWild(CentreAlgorithm):
         return float(self._alpha)
 
     def local_step(self) -> None:
+        a = self.alpha   # before the step's learning rate is scaled (alpha = lr * rho)
         with self.lock:
-            self.optimizer.step()
+            if self.compensate and self.comm.world_size > 1:
+                f = drag_factor(a, self.comm.world_size, self.group_size, self.locked)
+                lrs = [g["lr"] for g in self.optimizer.param_groups]
+                for g in self.optimizer.param_groups:
+                    g["lr"] = g["lr"] * f
+                try:
+                    self.optimizer.step()
+                finally:
+                    for g, lr in zip(self.optimizer.param_groups, lrs):
+                        g["lr"] = lr
+            else:
+                self.optimizer.step()
         if self.comm.world_size == 1 or (self.step_count + 1) % self.tau:
             return
-        a = self.alpha
         elastic = self._elastic if self.group is None else self._group_elastic
         if self.comm.rank != self.leader:
             elastic(None, a)  # a group member: the group's allreduce only
         elif self.locked:  # the wait inside the critical section (the group's allreduce too) is timed once
             update = (lambda c: elastic(c, a)) if self.group is None else (lambda c: self._group_elastic(c, a, False))
             self.pulled = self._timed(lambda: self.link.locked_update(update))
+        elif self.group is None and self.holder is None:  # a remote pusher: the reply comes while it computes
+            if self._inflight is not None:
+                self.pulled = self._timed(self._settle)
+            self._inflight = self.link.push_async(elastic(self.pulled, a))
         else:
             payload = elastic(self.pulled, a)
             self.pulled = self._timed(lambda: self.link.push(payload))
+
+    def _settle(self) -> torch.Tensor:
+        """The reply to the push in flight (the centre after it): the next pull."""
+        f, self._inflight = self._inflight, None
+        return f.result()   # the channel's own timeout ends a push whose holder is gone (PeerError)
+
+    def end_comm_round(self) -> None:
+        if self._inflight is not None:   # before END goes out on the same channel
+            self.pulled = self._settle()
+        super().end_comm_round()
+
+    def leave(self, timeout_s: Optional[float]) -> None:
+        if self._inflight is not None:
+            self._settle()
+        super().leave(timeout_s)
 
     def _round_due(self) -> bool:
         """Grouped time-mode rounds end at an exchange that any member's clock asked for."""
@@ -393,7 +464,8 @@ class EAWild(CentreAlgorithm):
 
 def build(params: EAWildParams, ctx: BuildContext) -> EAWild:
     return EAWild(ctx.model.parameters(), ctx.optimizer, ctx.comm, ctx.policy, tau=params.tau, alpha=params.alpha,
-                  rho=params.rho, lock=params.lock, group_size=params.group_size, round_steps=params.round_steps,
+                  rho=params.rho, lock=params.lock, group_size=params.group_size,
+                  compensate=params.compensate, round_steps=params.round_steps,
                   round_seconds=params.round_seconds, timeout_s=params.timeout_s)
 
 
