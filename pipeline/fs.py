@@ -247,8 +247,20 @@ def write_bytes(loc: Location, data: bytes) -> None:
 
 
 def read_bytes_if_exists(loc: Location) -> Optional[bytes]:
-    """The bytes of the file/object ``loc``, None when there is none."""
-    return read_bytes(loc) if is_file(loc) else None
+    """The bytes of the file/object ``loc``, None when there is none (one request on S3: the read
+    itself, not a lookup first)."""
+    if loc.is_local:
+        try:
+            return Path(loc.path).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+    try:
+        with loc.filesystem().open_input_stream(loc.path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
 
 
 def file_size(loc: Location) -> Optional[int]:

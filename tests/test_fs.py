@@ -98,6 +98,17 @@ def test_json_round_trip(s3_env):
         outputs.read_json(uri)
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_read_bytes_if_exists(s3_env, tmp_path, where):
+    """The object's bytes, or None for a missing one and for a prefix/directory (no object)."""
+    root = str(tmp_path) if where == "local" else f"s3://{s3_env.bucket}/rbie"
+    fs.write_bytes(fs.location(f"{root}/d/x.bin"), b"\x00payload")
+    assert fs.read_bytes_if_exists(fs.location(f"{root}/d/x.bin")) == b"\x00payload"
+    assert fs.read_bytes_if_exists(fs.location(f"{root}/d/missing.bin")) is None
+    assert fs.read_bytes_if_exists(fs.location(f"{root}/nowhere/x.bin")) is None
+    assert fs.read_bytes_if_exists(fs.location(f"{root}/d")) is None
+
+
 @pytest.mark.parametrize("case", ["no-bucket", "read-only", "no-credentials", "bad-key"])
 def test_bad_object_store_targets_are_one_line_and_write_nothing(s3, case):
     env = s3.env("reader" if case == "read-only" else "writer")
