@@ -95,6 +95,34 @@ def _adpsgd(rank, world, slow, rounds, round_s, leave_after):
     return {"snaps": snaps, "exchanges": core.stats.exchanges, "staleness": dict(core.stats.staleness)}
 
 
+def _adpsgd_paced(rank, world, per_step, steps):
+    """PairAveraging with its computation thread replaced by ``steps`` notifications 20 ms apart."""
+    from pipeline.train.algorithms.adpsgd import PairAveraging, adpsgd_pairs
+    from pipeline.train.comm.p2p import P2PChannel
+
+    x = _vector(rank)
+    core = PairAveraging(P2PChannel(adpsgd_pairs(world), 20), [x], threading.Lock(), seed=3, per_step=per_step)
+    core.begin_round()
+    for _ in range(steps):
+        core.notify_step()
+        time.sleep(0.02)
+    core.end_round(30)
+    core.leave(30)
+    return core.stats.exchanges
+
+
+def test_adpsgd_step_pace_starts_at_most_one_averaging_per_gradient_step():
+    """pace "step": each active starts at most one averaging per notified step (and keeps up with
+    20 ms steps); "free" averages back to back, many times per step, in the same time."""
+    world, steps = 4, 25
+    paced = run_procs(_adpsgd_paced, world, True, steps)
+    free = run_procs(_adpsgd_paced, world, False, steps)
+    assert all(err is None for _, err in list(paced.values()) + list(free.values())), (paced, free)
+    for r in (0, 2):   # the actives: what they started
+        assert steps // 2 <= paced[r][0] <= steps, paced[r][0]
+        assert free[r][0] > 3 * steps, free[r][0]
+
+
 def _consensus(xs: np.ndarray) -> float:
     return float(((xs - xs.mean(0)) ** 2).sum(1).mean())
 

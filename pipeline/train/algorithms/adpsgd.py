@@ -32,6 +32,11 @@ active. A worker that stops for good (:meth:`PairAveraging.leave`): an active se
 stops; a passive keeps answering requests from its thread, without round gating, until every
 active has left (its own computation has stopped, so nobody waits for it).
 
+Pace (``pace``): with ``"step"`` (the default, the rhythm of the reference implementation: one
+averaging per iteration) an active starts at most one averaging per gradient step of its own
+computation thread; with ``"free"`` it starts the next one as soon as the last is done. On a host
+whose cores the workers share, back-to-back averagings take CPU from the gradient steps.
+
 "Thread" above: an active worker has one communication thread; a passive one has one serving
 thread per active (see :class:`~.async_common.RoundServer`); either way every worker is in at
 most one averaging at a time.
@@ -40,10 +45,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from ..comm.p2p import END, LEAVE, REQ, P2PChannel, PeerError
 from . import BuildContext, Spec
@@ -65,8 +71,10 @@ class PairAveraging:
 
     def __init__(self, channel: P2PChannel, tensors: list[torch.Tensor], lock: threading.Lock,
                  stats: Optional[AsyncStats] = None, *, seed: int = 0, delay_s: float = 0.0,
-                 grad_steps: Callable[[], int] = lambda: 0) -> None:
+                 grad_steps: Callable[[], int] = lambda: 0, per_step: bool = False) -> None:
         self.ch, self.tensors, self.lock = channel, tensors, lock
+        self.per_step = bool(per_step)  # at most one averaging (started by an active) per notify_step()
+        self._stepped = threading.Event()
         self.stats = stats or AsyncStats()
         self.rank, self.world = channel.rank, channel.world_size
         self.actives = list(range(0, self.world, 2))
@@ -92,6 +100,10 @@ class PairAveraging:
             self.server = RoundServer(channel, self.actives, self._handle, f"adpsgd-passive-{self.rank}")
 
     # ------------------------------------------------------------------ main-thread API
+    def notify_step(self) -> None:
+        """The computation thread applied a gradient step (paces the averagings with ``per_step``)."""
+        self._stepped.set()
+
     def check(self) -> None:
         if self.error is not None:
             raise PeerError(str(self.error)) from self.error
@@ -147,6 +159,10 @@ class PairAveraging:
             self._go.wait()
             self._go.clear()
             while not self._stop.is_set():
+                if self.per_step:
+                    if not self._stepped.wait(0.05):   # no gradient step yet: look at _stop again
+                        continue
+                    self._stepped.clear()
                 j = int(self.rng.choice(self.passives))
                 self._state = f"active averaging with rank {j}"
                 self._exchange(j)
@@ -195,24 +211,29 @@ class PairAveraging:
 class ADPSGDParams(AsyncParams):
     """``algorithm.params`` of ``adpsgd``."""
 
+    pace: Literal["step", "free"] = Field("step", description="step: an active starts at most one averaging per "
+                                                               "gradient step of its own; free: back to back")
+
 
 class ADPSGD(AsyncAlgorithm):
     name = "adpsgd"
 
-    def __init__(self, params, optimizer, comm, averager=None, *, seed: int = 0, **kw) -> None:
+    def __init__(self, params, optimizer, comm, averager=None, *, seed: int = 0, pace: str = "step", **kw) -> None:
         super().__init__(params, optimizer, comm, **kw)
         self.tensors = exchanged_tensors(self.params, averager)
         self.core: Optional[PairAveraging] = None
         if comm.world_size > 1:
             self.channel = P2PChannel(adpsgd_pairs(comm.world_size), self.timeout_s)
             self.core = PairAveraging(self.channel, self.tensors, self.lock, self.stats, seed=seed,
-                                      grad_steps=lambda: self.stats.grad_steps)
+                                      grad_steps=lambda: self.stats.grad_steps, per_step=pace == "step")
 
     def local_step(self) -> None:
         if self.core is not None:
             self.core.check()
         with self.lock:
             self.optimizer.step()
+        if self.core is not None:
+            self.core.notify_step()
 
     def begin_comm_round(self) -> None:
         if self.core is not None:
@@ -229,7 +250,8 @@ class ADPSGD(AsyncAlgorithm):
 
 def build(params: ADPSGDParams, ctx: BuildContext) -> ADPSGD:
     return ADPSGD(ctx.model.parameters(), ctx.optimizer, ctx.comm, ctx.policy,
-                  seed=params.seed if params.seed is not None else ctx.seed, round_steps=params.round_steps,
+                  seed=params.seed if params.seed is not None else ctx.seed, pace=params.pace,
+                  round_steps=params.round_steps,
                   round_seconds=params.round_seconds, timeout_s=params.timeout_s)
 
 
