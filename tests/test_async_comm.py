@@ -288,7 +288,7 @@ def test_eawild_groups_reach_a_common_point_with_the_centre(lock):
     group's members stay in step (same step count, same model), and all meet the centre; with the
     lock too (the leader's group allreduce inside its critical section on the holder)."""
     world = 4
-    out = run_procs(_eawild_grouped, world, 2, 1, 0.2, 3, 40, 0.4, 3, lock)
+    out = run_procs(_eawild_grouped, world, 2, 1, 0.2, 5, 40, 0.4, 3, lock)   # 5 rounds: converged under load too
     assert all(err is None for _, err in out.values()), out
     r0 = out[0][0]
     steps = [out[r][0]["steps"] for r in range(world)]
@@ -329,7 +329,9 @@ def test_eawild_one_group_of_all_workers_is_one_pusher():
 # ---------------------------------------------------------------------------- EA-wild drag
 def _eawild_drift(rank, world, group_size, lock, compensate, steps, lr, alpha):
     """EAWild under a constant gradient (every coordinate 1) from a common start: each worker's
-    position after half and after all of ``steps`` local steps (one step-mode round)."""
+    position after a quarter, three quarters and all of ``steps`` local steps (one step-mode
+    round; the middle half is the steady state: the start settles the gap, and at the end the
+    workers that finish first no longer push)."""
     from pipeline.train.algorithms.eawild import EAWild
     from pipeline.train.comm.torch_dist import TorchDistCommunicator
 
@@ -337,15 +339,16 @@ def _eawild_drift(rank, world, group_size, lock, compensate, steps, lr, alpha):
     x = torch.nn.Parameter(torch.zeros(DIM, dtype=torch.float64))
     alg = EAWild([x], torch.optim.SGD([x], lr=lr), comm, tau=1, alpha=alpha, group_size=group_size, lock=lock,
                  compensate=compensate, round_steps=steps, timeout_s=30)
-    half = None
+    snaps = {}
     for k in range(steps):
         x.grad = torch.ones_like(x)
         alg.step()
-        time.sleep(0.003)   # every worker at about the same step rate (rank 0 reaches the centre in memory)
-        if k + 1 == steps // 2:
-            half = x.detach().clone()
+        time.sleep(0.006)   # every worker at about the same step rate (rank 0 reaches the centre in memory)
+        if k + 1 in (steps // 4, 3 * steps // 4):
+            snaps[k + 1] = x.detach().clone()
     assert alg.round_finished
-    out = {"half": _gather(half, world), "x": _gather(x.detach().clone(), world), "c": alg.centre_flat().numpy()}
+    out = {"q1": _gather(snaps[steps // 4], world), "q3": _gather(snaps[3 * steps // 4], world),
+           "x": _gather(x.detach().clone(), world), "c": alg.centre_flat().numpy()}
     alg.close()
     return out
 
@@ -362,14 +365,17 @@ def test_eawild_moves_at_one_over_the_drag_factor_and_compensation_restores_the_
     steps, lr, alpha = 400, 0.01, 0.1
     f = drag_factor(alpha, world, group_size, lock)
     assert f > 1.1
+    v = {}
     for compensate, want in ((False, lr / f), (True, lr)):
         out = run_procs(_eawild_drift, world, group_size, lock, compensate, steps, lr, alpha)
         assert all(err is None for _, err in out.values()), out
         r0 = out[0][0]
-        v = float(((r0["half"] - r0["x"]) / (steps - steps // 2)).mean())   # the descent speed per local step
-        assert v == pytest.approx(want, rel=0.06), (compensate, v, want, f)
+        v[compensate] = float(((r0["q1"] - r0["q3"]) / (3 * steps // 4 - steps // 4)).mean())   # descent per step
+        assert v[compensate] == pytest.approx(want, rel=0.08), (compensate, v, want, f)
         gap = float(np.abs(r0["x"].mean(0) - r0["c"]).max())     # the centre follows at a bounded distance
         assert gap < 0.2 * lr * steps, gap
+    # the timing of a loaded machine biases both runs alike; their ratio is the factor itself
+    assert v[True] / v[False] == pytest.approx(f, rel=0.04), (v, f)
 
 
 def _eawild_killed(rank, world, victim, outdir):
