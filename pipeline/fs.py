@@ -212,13 +212,10 @@ def check_writable(loc: Location) -> None:
 def read_bytes(loc: Location) -> bytes:
     if loc.is_local:
         return Path(loc.path).read_bytes()
-    try:
-        with loc.filesystem().open_input_stream(loc.path) as f:
-            return f.read()
-    except FileNotFoundError:
-        raise BadInputError(f"{loc}: not found") from None
-    except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    data = read_bytes_if_exists(loc)
+    if data is None:
+        raise BadInputError(f"{loc}: not found")
+    return data
 
 
 def write_bytes(loc: Location, data: bytes) -> None:

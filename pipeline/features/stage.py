@@ -433,12 +433,13 @@ class _RowGroups:
     many chunks never make small row groups."""
 
     def __init__(self, writer, budget: int) -> None:
-        self.writer, self.budget, self.pending, self.sizes = writer, budget, [], []
+        self.writer, self.budget, self.pending, self.sizes, self.bytes = writer, budget, [], [], 0
 
     def add(self, table) -> None:
         self.pending.append(table)
         self.sizes.append(_llf_row_bytes(table.column("n_particles").to_numpy()))
-        if sum(int(x.sum()) for x in self.sizes) > self.budget:
+        self.bytes += int(self.sizes[-1].sum())
+        if self.bytes > self.budget:
             self._write(final=False)
 
     def close(self) -> None:
@@ -455,6 +456,7 @@ class _RowGroups:
             start = end
         rest = t.slice(start)
         self.pending, self.sizes = ([rest], [sizes[start:]]) if rest.num_rows else ([], [])
+        self.bytes = int(sizes[start:].sum())
 
 
 def _llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_bytes: int) -> Iterator:
