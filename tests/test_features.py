@@ -321,14 +321,14 @@ def test_parquet_row_groups_follow_the_setting(spark, three_samples, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step_size", [4, 25])
+@pytest.mark.parametrize("step_size, work_compression", [(4, "none"), (25, "lz4")])
 def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, three_samples, tmp_path,
-                                                                         monkeypatch, step_size):
+                                                                         monkeypatch, step_size, work_compression):
     """Every written row is its event's features: the files read whole with uproot and
     compute_features, numbered in (file, entry) order, split and balanced by ``assign``, must be
     the rows of llf/ and hlf/ (chunks of 4 entries packed several per task, or whole files; work
-    files in batches of 2 rows; balancing dropping rows inside chunks and batches; LLF spread over
-    several files)."""
+    files in batches of 2 rows, uncompressed or LZ4; balancing dropping rows inside chunks and
+    batches; LLF spread over several files)."""
     import uproot
 
     from pipeline.features import stage
@@ -337,7 +337,8 @@ def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, t
 
     monkeypatch.setattr(stage, "_IPC_BATCH_ROWS", 2)
     cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), step_size=step_size, file_mb=1,
-                         test_fraction=0.3, val_fraction=0.2, seed=5, balance_classes=True)
+                         test_fraction=0.3, val_fraction=0.2, seed=5, balance_classes=True,
+                         work_compression=work_compression)
     rep = build_features(cfg, spark=spark)
     blocks, labels = [], []
     for f in rep["files"]:
