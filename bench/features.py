@@ -23,7 +23,8 @@ float32 tolerance); both time the same work on the same in-memory events (no rea
 The Spark stage (``build_features`` on ``local[--cores]``, after an untimed warm-up run on the
 same files: Python workers started, kernels loaded, the JVM's code compiled) runs on
 ``--stage-files`` copies of the simulated files (each file at least ``--events-per-file`` events;
-128 x 2,000 = 256,000 events by default), i.e. the whole stage: plan, read, select, features, split, scaling, the two Parquet datasets.
+128 x 2,000 = 256,000 events by default), i.e. the whole stage: plan, read, select, features,
+split, scaling, the two Parquet datasets.
 Its events/s per core (events / (wall s x cores)) is compared with two bare rates in one process
 on the same chunks: uproot read + ``compute_features`` + the pyarrow write of the rows the stage
 writes (its writer options and row groups: the same work as the stage), and the read + compute

@@ -392,6 +392,50 @@ def test_feature_chunks_are_packed_into_tasks(entries, slots, want):
     assert pack_units(entries, slots, task_entries=10_000) == want
 
 
+@pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
+def test_work_files_hold_the_selected_events_under_each_compression(tmp_path, compression):
+    """A work file holds each event's real particles, n_particles and hlf, in event order and in
+    batches; LZ4 and zstd files are compressed (the zero-heavy block takes far fewer bytes)."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from pipeline.features.stage import _save_block
+
+    rng = np.random.default_rng(3)
+    n_part = np.array([1, 5, 801, 2, 40], np.int32)
+    llf = np.zeros((len(n_part), L.N_PARTICLES, L.N_LLF_FEATURES), np.float32)
+    for i, k in enumerate(n_part):
+        llf[i, :k] = np.round(rng.normal(size=(k, L.N_LLF_FEATURES)), 1)
+    hlf = rng.normal(size=(len(n_part), L.N_HLF)).astype(np.float32)
+    block = SimpleNamespace(llf=llf.reshape(len(n_part), -1), n_particles=n_part, hlf=hlf)
+    sizes = {}
+    for c in ("none", compression):
+        path = tmp_path / f"{c}.arrow"
+        _save_block(block, str(path), batch_rows=2, compression=c)
+        sizes[c] = path.stat().st_size
+        with pa.OSFile(str(path)) as src:
+            reader = pa.ipc.open_file(src)
+            assert reader.num_record_batches == 3
+            t = reader.read_all()
+        assert t.column("n_particles").to_pylist() == n_part.tolist()
+        assert np.array_equal(np.stack(t.column("hlf").to_pylist()).astype(np.float32), hlf)
+        for i, k in enumerate(n_part):
+            assert np.array_equal(np.asarray(t.column("llf")[i].as_py(), np.float32), llf[i, :k].reshape(-1))
+        assert not list(tmp_path.glob("*.tmp"))
+    if compression != "none":
+        assert sizes[compression] < 0.8 * sizes["none"], sizes
+
+
+def test_feature_stage_refuses_an_unknown_work_compression(three_samples, tmp_path):
+    from pydantic import ValidationError
+
+    from pipeline.features.stage import FeaturesConfig
+
+    with pytest.raises(ValidationError, match="work_compression"):
+        FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), work_compression="snappy")
+
+
 def test_feature_stage_balancing_is_seeded(spark, three_samples, tmp_path):
     from pipeline.features.stage import FeaturesConfig, build_features
 
