@@ -50,6 +50,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+import typing  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -63,6 +64,7 @@ from pipeline.features.delphes import (ISO_CONE, ISO_MAX, JET_ETA_MAX, JET_PT_MI
                                        NEUTRAL_ET_MIN, PHOTON_ET_MIN, REQUIRED_BRANCHES, SELF_MATCH_DR,
                                        TRACK_PT_MIN)
 from pipeline.features.layout import CAPS, LLF_NAMES, LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES  # noqa: E402
+from pipeline.features.stage import FeaturesConfig  # noqa: E402
 
 #: at most this many (particle, candidate) pairs are materialised at once by the reference
 PAIR_BUDGET = 4_000_000
@@ -385,7 +387,7 @@ def bare_write(block, out: Path, i: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.features.stage import (_HLF_ROW_BYTES, FeaturesConfig, _lists, _llf_row_bytes, _output_schema,
+    from pipeline.features.stage import (_HLF_ROW_BYTES, _lists, _llf_row_bytes, _output_schema,
                                          _parquet_options, _rows_per_group, llf_lists)
 
     k = len(block.index)
@@ -430,7 +432,7 @@ def _spread(xs: list[float]) -> str:
 def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int, work_compression: str) -> None:
     """build_features on local[cores] vs the same chunks read and computed in this process,
     ``repeats`` times each (alternating); medians and spreads."""
-    from pipeline.features.stage import FeaturesConfig, build_features
+    from pipeline.features.stage import build_features
     from pipeline.ingest.root import plan_chunks
 
     def cfg(inp, out):
@@ -494,7 +496,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-dir", default=None, help="use the ROOT files under this folder instead of simulating")
     ap.add_argument("--real-copies", type=int, default=40, help="copies of delphes.root (25 events each)")
     ap.add_argument("--cores", type=int, default=2, help="Spark local[N] for the stage")
-    ap.add_argument("--work-compression", default="lz4", choices=["none", "lz4", "zstd"],
+    wc = FeaturesConfig.model_fields["work_compression"]   # the stage's own choices and default
+    ap.add_argument("--work-compression", default=wc.default, choices=typing.get_args(wc.annotation),
                     help="the stage's work_compression (its work files between the two passes)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the Spark stage and of its bare baseline")
     ap.add_argument("--min-seconds", type=float, default=5.0, help="time each rate over at least this long")

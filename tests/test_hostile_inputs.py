@@ -331,5 +331,5 @@ def test_a_full_disk_under_the_feature_stage_fails_the_run_not_the_input_file(sp
     chunk = pa.RecordBatch.from_pydict({"file_index": [0], "path": [str(delphes_root)], "tree": ["Delphes"],
                                         "entry_start": [0], "entry_stop": [25]})
     with pytest.raises(OSError, match="No space left on device"):
-        list(_feature_partition(iter([chunk]), work_dir=str(small_disk / "work")))
+        list(_feature_partition(iter([chunk]), work_dir=str(small_disk / "work"), compression="lz4"))
 

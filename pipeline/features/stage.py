@@ -313,7 +313,7 @@ def _ipc_options(compression: str):
     return pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
 
 
-def _save_block(block, path: str, batch_rows: int = _IPC_BATCH_ROWS, compression: str = "lz4") -> None:
+def _save_block(block, path: str, batch_rows: int = _IPC_BATCH_ROWS, *, compression: str) -> None:
     """The selected events' llf (real particles, :func:`llf_lists`), n_particles, hlf in event
     order, as one Arrow IPC file (``compression``: none, lz4 or zstd buffers), written under a
     temporary name and renamed, so a retried task never leaves half a file."""
@@ -330,7 +330,7 @@ def _save_block(block, path: str, batch_rows: int = _IPC_BATCH_ROWS, compression
 
 def _feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int, str] = "50 MB",
                        file_timeout_s: float = FILE_TIMEOUT_S, batch_rows: int = _IPC_BATCH_ROWS,
-                       compression: str = "lz4") -> Iterator:
+                       compression: str) -> Iterator:
     """Per work unit (``file_index, path, tree, entry_start, entry_stop``): a whole ROOT file
     (:data:`WHOLE_FILE`) is opened and cut into ``step_size`` chunks (at most ``file_timeout_s``
     to open it); when it is one chunk it is processed on the same open tree, otherwise only its
@@ -366,7 +366,7 @@ def _feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int
                 err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
                 n_sel, hlf, stats = 0, [], []
             if n_sel:  # outside the try: a full disk fails the stage, it is not the input file's fault
-                _save_block(block, os.path.join(work_dir, _work_name(fi, a)), batch_rows, compression)
+                _save_block(block, os.path.join(work_dir, _work_name(fi, a)), batch_rows, compression=compression)
             yield pa.RecordBatch.from_pydict({
                 "file_index": [fi], "entry_start": [a], "entry_stop": [b], "entries": [entries],
                 "starts": [[x for x, _ in ranges]], "stops": [[y for _, y in ranges]], "n_read": [n_read],

@@ -218,7 +218,7 @@ class ADPSGDParams(AsyncParams):
 class ADPSGD(AsyncAlgorithm):
     name = "adpsgd"
 
-    def __init__(self, params, optimizer, comm, averager=None, *, seed: int = 0, pace: str = "step", **kw) -> None:
+    def __init__(self, params, optimizer, comm, averager=None, *, seed: int = 0, pace: str, **kw) -> None:
         super().__init__(params, optimizer, comm, **kw)
         self.tensors = exchanged_tensors(self.params, averager)
         self.core: Optional[PairAveraging] = None
