@@ -72,7 +72,7 @@ from ..config import StageConfig
 from ..packing import consecutive_groups
 from ..errors import BadInputError, ConfigError
 from ..spark import spark_task, task_frame
-from ..ingest.root import (FILE_TIMEOUT_S, SAMPLES_PREFIX, Chunk, FileInfo, ReadTimeout, _first_line,
+from ..ingest.root import (FILE_TIMEOUT_S, SAMPLES_PREFIX, Chunk, FileInfo, ReadTimeout, first_line,
                            parse_step_size, resolve_files)
 from . import delphes as D
 from .layout import CLASS_LABELS, HLF_NAMES, LLF_NAMES, LLF_SIZE, N_CLASSES, N_HLF, N_LLF_FEATURES, N_PARTICLES
@@ -363,7 +363,7 @@ def _feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int
                     n_read, n_sel = block.n_read, len(block.index)
                     hlf, stats = block.hlf.reshape(-1), _event_stats(block).reshape(-1)
             except Exception as e:  # noqa: BLE001 - the driver reports the file
-                err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {_first_line(e)}"
+                err = str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {first_line(e)}"
                 n_sel, hlf, stats = 0, [], []
             if n_sel:  # outside the try: a full disk fails the stage, it is not the input file's fault
                 _save_block(block, os.path.join(work_dir, _work_name(fi, a)), batch_rows, compression=compression)

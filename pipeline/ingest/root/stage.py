@@ -1,0 +1,183 @@
+"""Any TTree or RNTuple -> Parquet on Spark (``jobs/ingest_root.py``): the driver's side.
+
+1. **Plan.** :func:`~.files.resolve_files` expands the inputs. The driver opens the first good
+   file's tree and resolves the branch selection there (uproot ``filter_name`` semantics); the
+   Arrow schema comes from a REAL read of the first entry (:mod:`.schema`). When that file is one
+   chunk, the driver reads it whole for the schema and writes its part itself, so that no task
+   reads the file a second time.
+2. **First pass, one Spark task per file, then a second pass, one task per chunk of the larger
+   files** (:mod:`.twopass`, task bodies in :mod:`.tasks`): the tasks write their parts straight
+   to the output's filesystem under the job's prefix (:mod:`pipeline.commit`); only a small status
+   row per file or chunk comes back.
+3. **Commit.** A file that cannot be opened, lacks the tree or a requested branch, or fails while
+   being read (or takes longer than ``file_timeout_s``) is reported (file, reason) in
+   ``_report.json`` and one log line; its parts are not committed. The good files' parts, the
+   report and ``_schema.json`` are committed in one step (a rename locally, ``_COMPLETE`` on an
+   object store). If any file failed the function raises :class:`BadInputError` after the commit,
+   unless ``allow_bad_files`` is set; if no file can be read at all, nothing is written.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+from ...commit import OutputJob, output_job
+from ...errors import BadInputError
+from ...fs import location
+from ...spark import forward_s3_settings, spark_task, task_frame
+from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
+from .files import resolve_files
+from .planning import Chunk, Plan, chunks_dataframe, plan_chunks
+from .schema import conform, schema_bytes
+from .tasks import SCAN_FIELDS, STATUS_FIELDS, ingest_partition, part_name, result_ddl, scan_partition
+from .trees import first_line
+from .twopass import FilePlanning, second_pass_chunks
+
+log = logging.getLogger(__name__)
+
+
+def plan_ingest_root(cfg: IngestRootConfig) -> dict:
+    """--dry-run: the resolved inputs and outputs (no file is opened, Spark is not started)."""
+    files = resolve_files(cfg.input)
+    out = location(cfg.output, output=True)
+    return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
+            "file_timeout_s": cfg.file_timeout_s, "output": str(out), "report": str(out.child("_report.json")),
+            "schema": str(out.child("_schema.json")), "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
+
+
+def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
+    """Ingest the ROOT files of ``cfg`` into one Parquet directory; returns the run report.
+
+    Raises BadInputError (after committing the good files) if a file failed and
+    ``allow_bad_files`` is false, or if no file could be read at all.
+    """
+    from ...spark import get_spark
+
+    t_start = time.time()
+    files = resolve_files(cfg.input)
+    log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
+    ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
+                      stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True)
+    if ref.schema is None:
+        raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
+    spark = spark or get_spark(cfg.spark)
+    out = location(cfg.output, output=True)
+    if not out.is_local:
+        forward_s3_settings(spark)
+    with output_job(out) as job:
+        per_file = _run(spark, cfg, files, ref, job)
+        n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
+        if not any(rel.endswith(".parquet") for rel in job.kept()):
+            job.write_table("part-empty.parquet", ref.schema.empty_table())   # readers still see the columns
+        report = _report(cfg, ref, per_file, n_rows, str(out), t_start, job)
+    for f in per_file:
+        if not f.get("error"):
+            print(f"{f['file']}: {f['entries']} entries read, {f['rows']} rows written in {len(f['parts'])} part(s)")
+    log.info("ingest_root: %d rows from %d good file(s), %d bad -> %s", n_rows,
+             len(per_file) - len(report["bad_files"]), len(report["bad_files"]), report["output"])
+    if report["bad_files"] and not cfg.allow_bad_files:
+        b = report["bad_files"][0]
+        raise BadInputError(f"{len(report['bad_files'])} of {len(files)} input file(s) failed (see "
+                            f"{report['output']}/_report.json); {b['file']}: {b['reason']}")
+    return report
+
+
+def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJob) -> list[dict]:
+    """Both passes; the per-file report. The parts of the good files are kept in ``job``."""
+    errors = {f.file_index: f.error for f in ref.files if f.error}
+    first_good = len(ref.files) - 1
+    branches, schema = ref.branches, ref.schema
+    first = _write_first(ref, first_good, job, cfg.row_group_rows)
+    todo = [(i, p) for i, p in enumerate(files) if i >= first_good and not (first and i == first_good)]
+    planning = FilePlanning(cfg.tree, branches, cfg.step_size, cfg.filter_name, cfg.entry_start, cfg.entry_stop,
+                            cfg.file_timeout_s)
+    scanned = dict(first)
+    if todo:
+        scan = functools.partial(scan_partition, planning=planning, schema=schema_bytes(schema), target=job.target,
+                                 row_group_rows=cfg.row_group_rows)
+        fdf = task_frame(spark, todo, "file_index int, path string")
+        scanned.update((r["file_index"], r.asDict()) for r in
+                       fdf.mapInArrow(spark_task(scan), result_ddl(SCAN_FIELDS)).collect())
+    chunks = second_pass_chunks(files, cfg.tree, {fi: (r["starts"], r["stops"]) for fi, r in scanned.items()
+                                                  if not r["error"] and not r["done"]})
+    statuses = []
+    if chunks:
+        log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
+                 len({c.file_index for c in chunks}))
+        fn = functools.partial(ingest_partition, branches=branches, schema=schema_bytes(schema), target=job.target,
+                               row_group_rows=cfg.row_group_rows, timeout_s=cfg.file_timeout_s)
+        statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
+            spark_task(fn), result_ddl(STATUS_FIELDS)).collect()]
+    per_file = _summarise(files, errors, scanned, chunks, statuses)
+    good = {f["file_index"] for f in per_file if not f.get("error")}
+    job.add({"attempt_dir": r["attempt_dir"], "files": r["files"] if r["file_index"] in good else []}
+            for r in [*scanned.values(), *statuses] if r.get("attempt_dir"))
+    return per_file
+
+
+def _write_first(ref: Plan, fi: int, job: OutputJob, row_group_rows: Optional[int]) -> dict:
+    """The first good file, when the driver read it whole for the schema (one chunk): written here
+    rather than read again by a task; its scan row ({} when a task must convert it)."""
+    table, ref.first_table = ref.first_table, None
+    if table is None:
+        return {}
+    part = part_name(fi, 0)
+    try:
+        n = table.num_rows
+        job.write_table(part, conform(table, ref.schema), row_group_size=row_group_rows, **PARQUET_WRITE_OPTIONS)
+    except Exception as e:  # noqa: BLE001 - a task converts it and reports it
+        log.info("first file written by a task (%s)", first_line(e))
+        return {}
+    return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [0], "stops": [table.num_rows],
+                 "rows": [n], "parts": [part if n else None], "done": True, "error": None}}
+
+
+def _summarise(files: list[str], errors: dict, scanned: dict, chunks: list[Chunk], statuses: list[dict]) -> list[dict]:
+    """Per-file report (one log line per bad file); a file with a failed chunk keeps no part."""
+    by_file: dict[int, list[dict]] = {}
+    chunk_of = {c.chunk_id: c for c in chunks}
+    for s in statuses:
+        by_file.setdefault(s["file_index"], []).append(s)
+    out = []
+    for fi, path in enumerate(files):
+        r = scanned.get(fi)
+        parts: list[dict] = []
+        err = errors.get(fi) or (r["error"] if r else None)
+        if r and not err:
+            if r["done"]:
+                parts = [{"part": p, "rows": n, "entry_start": a, "entry_stop": b}
+                         for p, n, a, b in zip(r["parts"], r["rows"], r["starts"], r["stops"]) if p]
+            else:
+                sts = sorted(by_file.get(fi, []), key=lambda s: s["chunk_id"])
+                err = next((s["error"] for s in sts if s["error"]), None)
+                parts = [{"part": s["part"], "rows": s["rows"], "entry_start": chunk_of[s["chunk_id"]].entry_start,
+                          "entry_stop": chunk_of[s["chunk_id"]].entry_stop} for s in sts if s["part"]]
+        if err:
+            if fi not in errors:
+                log.warning("bad input file %s: %s", path, err)
+            parts = []
+        out.append({"file": path, "file_index": fi, "entries": r["entries"] if r else 0,
+                    "rows": sum(p["rows"] for p in parts), "parts": parts, "error": err})
+    return out
+
+
+def _report(cfg: IngestRootConfig, ref: Plan, per_file: list[dict], n_rows: int, output: str, t_start: float,
+            job: OutputJob) -> dict:
+    """``_report.json`` and ``_schema.json`` (the derived schema, registered), written into the job."""
+    from ...schemas import register_schema
+
+    name = cfg.schema_name or default_schema_name(cfg.tree)
+    ds = register_schema(name, ref.schema, description=f"ROOT tree {cfg.tree!r} ingested by jobs/ingest_root.py",
+                         metadata={"tree": cfg.tree, "filter_name": cfg.filter_name},
+                         registry_dir=Path(cfg.schema_dir) if cfg.schema_dir else None)
+    report = {"job": "ingest_root", "tree": cfg.tree, "filter_name": cfg.filter_name,
+              "branches": ref.branches, "schema": {"name": ds.name, "version": ds.version},
+              "output": output, "rows": n_rows, "files": per_file,
+              "bad_files": [{"file": f["file"], "reason": f["error"]} for f in per_file if f.get("error")],
+              "seconds": round(time.time() - t_start, 3)}
+    job.write_json("_report.json", report)
+    job.write_json("_schema.json", ds.to_json())
+    return report

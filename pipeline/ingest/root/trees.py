@@ -1,0 +1,114 @@
+"""Opening a TTree or RNTuple with uproot and reading entry ranges of its branches as Arrow."""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import re
+from typing import Optional
+
+from ...errors import BadInputError
+from ...fs import open_root
+from ..uproot_adapter import index_nested_branches
+from .config import FILE_TIMEOUT_S
+from .deadline import ReadTimeout, read_deadline
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (at most 300 characters)."""
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def error_text(e: BaseException) -> str:
+    """The one-line reason a file failed: our own messages as they are, others with their type."""
+    return str(e) if isinstance(e, (BadInputError, ReadTimeout)) else f"{type(e).__name__}: {first_line(e)}"
+
+
+def is_rntuple(t) -> bool:
+    from uproot.behaviors.RNTuple import RNTuple
+
+    return isinstance(t, RNTuple)
+
+
+def open_tree(path: str, tree: str):
+    """Open ``path`` and return its TTree or RNTuple ``tree``, or raise BadInputError(reason)."""
+    try:
+        f = open_root(path)
+    except FileNotFoundError:
+        raise BadInputError("cannot open file: no such file") from None
+    except ReadTimeout:
+        raise
+    except Exception as e:  # uproot raises many types for a corrupt file
+        raise BadInputError(f"cannot open file: {type(e).__name__}: {first_line(e)}") from None
+    try:
+        t = f[tree]
+    except ReadTimeout:
+        raise
+    except Exception as e:
+        raise BadInputError(f"no tree {tree!r} in the file ({first_line(e)})") from None
+    if not hasattr(t, "num_entries") or not hasattr(t, "arrays"):
+        raise BadInputError(f"{tree!r} is a {type(t).__name__}, not a TTree or an RNTuple")
+    if not is_rntuple(t):
+        index_nested_branches(t)
+    return t
+
+
+_OPEN: dict = {}
+
+
+def cached_tree(path: str, tree: str):
+    """The last opened tree of this Python worker (chunks of one file often share a worker)."""
+    key = (path, tree)
+    if key not in _OPEN:
+        _OPEN.clear()
+        _OPEN[key] = open_tree(path, tree)
+    return _OPEN[key]
+
+
+def branches_by_name(t) -> dict:
+    """Every branch by its name without the parent's path (``Electron.PT``, not
+    ``Electron/Electron.PT``), from one walk of the branch tree (``t[name]`` searches the tree
+    recursively for every name). For an RNTuple: its top-level fields."""
+    if is_rntuple(t):
+        return {name: t[name] for name in t.keys(recursive=False)}
+    return dict(t.iteritems(recursive=True, full_paths=False))
+
+
+def match_branches(patterns: list[str], names: list[str]) -> tuple[list[str], list[str]]:
+    """uproot ``filter_name`` semantics over ``names``: (matched names in tree order, exact names
+    that are missing). Exact names first (``Jet.FracPt[5]`` is not a glob), then ``/regex/`` and globs."""
+    chosen: set[str] = set()
+    missing = []
+    name_set = set(names)
+    for pat in patterns:
+        if pat in name_set:
+            chosen.add(pat)
+        elif len(pat) > 1 and pat.startswith("/") and pat.endswith("/"):
+            rx = re.compile(pat[1:-1])
+            chosen.update(n for n in names if rx.search(n))
+        elif glob.has_magic(pat):
+            chosen.update(fnmatch.filter(names, pat))
+        else:
+            missing.append(pat)
+    return [n for n in names if n in chosen], missing
+
+
+def read_arrays(t, branches: list[str], entry_start: int, entry_stop: int):
+    """The ``branches`` of entries [entry_start, entry_stop) of a TTree or RNTuple, in that order
+    (an RNTuple read of a cardinality field also returns its ``_collectionN``: dropped)."""
+    arr = t.arrays(branches, entry_start=entry_start, entry_stop=entry_stop, library="ak")
+    return arr if arr.fields == branches else arr[branches]
+
+
+def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entry_stop: int,
+               timeout_s: Optional[float] = FILE_TIMEOUT_S):
+    """uproot -> awkward record array of one entry range (:class:`ReadTimeout` after ``timeout_s``)."""
+    with read_deadline(timeout_s):
+        return read_arrays(cached_tree(path, tree), branches, entry_start, entry_stop)
+
+
+def to_arrow(arr):
+    """awkward record array -> pyarrow Table with plain (non-extension) types and 32-bit offsets."""
+    import awkward as ak
+
+    table = ak.to_arrow_table(arr, extensionarray=False, list_to32=True, string_to32=True)
+    return table.replace_schema_metadata(None)
