@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pipeline.commit import JobTarget
     from pipeline.config import SparkConfig
     from pipeline.simulate import SimulateConfig
     from pipeline.simulate.generator import ProcessGenerator
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
         # 2. the stage's tasks in one process, no Spark
         t0, c0 = time.perf_counter(), time.process_time()
         for t in tasks:
-            r = run_task(t, cfg, os.path.join(tmp, "inproc"))
+            r = run_task(t, cfg, JobTarget(os.path.join(tmp, "inproc")))
             assert "error" not in r, r
         inproc = n_total / (time.perf_counter() - t0)
         inproc_cpu = n_total / (time.process_time() - c0)

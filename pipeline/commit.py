@@ -114,8 +114,9 @@ class JobTarget:
 
     def attempt(self, *, stage: Optional[int] = None, partition: Optional[int] = None,
                 attempt: Optional[int] = None, task_attempt_id: Optional[int] = None) -> "TaskAttempt":
-        """This task attempt, from Spark's ``TaskContext`` (the keywords override it; outside a
-        Spark task they are required)."""
+        """This task attempt, from Spark's ``TaskContext`` (the keywords override it). Outside a
+        Spark task (a task body run by hand): stage -1, partition 0, attempt 0, task attempt id 0
+        unless given."""
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -126,9 +127,8 @@ class JobTarget:
             partition = ctx.partitionId() if partition is None else partition
             attempt = ctx.attemptNumber() if attempt is None else attempt
             task_attempt_id = ctx.taskAttemptId() if task_attempt_id is None else task_attempt_id
-        if None in (stage, partition, attempt, task_attempt_id):
-            raise RuntimeError("JobTarget.attempt(): not in a Spark task; pass stage, partition, attempt "
-                               "and task_attempt_id")
+        stage, partition = (-1 if stage is None else stage), (0 if partition is None else partition)
+        attempt, task_attempt_id = (0 if attempt is None else attempt), (0 if task_attempt_id is None else task_attempt_id)
         return TaskAttempt(self.staging, int(stage), int(partition), int(attempt), int(task_attempt_id), fault)
 
     def file(self, attempt_dir: str, rel: str) -> Location:
@@ -338,9 +338,14 @@ class OutputJob:
         fsys = loc.filesystem()
         if loc.is_local:
             os.makedirs(posixpath.dirname(loc.path), exist_ok=True)
-        with fsys.open_output_stream(loc.path) as out:
-            pq.write_table(table, out, **parquet_options)
-            size = out.tell()
+        try:
+            with fsys.open_output_stream(loc.path) as out:
+                pq.write_table(table, out, **parquet_options)
+                size = out.tell()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                fsys.delete_file(loc.path)
+            raise
         self._keep(rel, "")
         return size
 

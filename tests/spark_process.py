@@ -5,7 +5,8 @@ need a master that retries tasks (``local[2,4]``: 2 slots, 4 attempts per task).
 starts one such process, which runs a list of calls (``module:function`` + keyword arguments,
 each called as ``function(spark, **kwargs)``), each optionally under a fault of the commit
 protocol (the job's local property ``pipeline.test.fault``), and returns their results (JSON) or
-their one-line errors.
+their one-line errors, with the number of task attempts that failed in each call (Spark's status
+tracker over the call's job group: proof that the fault fired).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ REPO = TESTS.parent
 def run_drills(calls: list[dict], *, master: str = "local[2,4]", env: dict | None = None,
                timeout: float = 600) -> list[dict]:
     """``calls``: ``{"call": "module:function", "kwargs": {...}, "fault": "mid:exit" | None}``;
-    returns per call ``{"result": ...}`` or ``{"error": "<type>: <message>"}``."""
+    returns per call ``{"result": ..., "failed_tasks": n}`` or ``{"error": "<type>: <message>", ...}``."""
     penv = {**os.environ, **(env or {})}
     penv["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS), penv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     r = subprocess.run([sys.executable, __file__, json.dumps({"master": master, "calls": calls})], env=penv,
@@ -44,18 +45,33 @@ def _main(request: dict) -> list[dict]:
                                   shuffle_partitions=2))
     sc = spark.sparkContext
     out = []
-    for call in request["calls"]:
+    for i, call in enumerate(request["calls"]):
         module, name = call["call"].split(":")
         fn = getattr(importlib.import_module(module), name)
+        group = f"drill-{i}"
+        sc.setJobGroup(group, call["call"])
         sc.setLocalProperty(FAULT_PROPERTY, call.get("fault"))
         try:
-            out.append({"result": fn(spark, **call.get("kwargs", {}))})
+            res = {"result": fn(spark, **call.get("kwargs", {}))}
         except Exception as e:  # noqa: BLE001 - reported to the test
-            out.append({"error": f"{type(e).__name__}: {e}"})
+            res = {"error": f"{type(e).__name__}: {e}"}
         finally:
             sc.setLocalProperty(FAULT_PROPERTY, None)
+        res["failed_tasks"] = _failed_tasks(sc, group)
+        out.append(res)
     spark.stop()
     return out
+
+
+def _failed_tasks(sc, group: str) -> int:
+    tracker = sc.statusTracker()
+    n = 0
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        for stage in (info.stageIds if info else []):
+            s = tracker.getStageInfo(stage)
+            n += s.numFailedTasks if s else 0
+    return n
 
 
 if __name__ == "__main__":

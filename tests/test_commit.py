@@ -22,27 +22,11 @@ from pipeline import fs
 from pipeline.commit import (ATTEMPT_DDL, ATTEMPTS, COMPLETE_MARKER, JobTarget, OutputJob, attempt_schema,
                              committed_files, output_job)
 from pipeline.errors import BadInputError, PipelineError
-from servers import environment, s3_server
+from servers import environment
+from store_fixtures import s3, store_root  # noqa: F401
 from spark_process import run_drills
 
 ROWS, PARTS = 400, 4
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        yield server
-
-
-@pytest.fixture(params=["local", "s3"])
-def root(request, tmp_path):
-    """The parent of the outputs: a local directory or a prefix on the S3 server."""
-    if request.param == "local":
-        yield str(tmp_path)
-        return
-    server = request.getfixturevalue("s3")
-    with environment(**server.env("writer")):
-        yield f"s3://{server.bucket}/{tmp_path.name}"
 
 
 def _names(uri: str) -> list[str]:
@@ -62,11 +46,11 @@ def _read_ids(uri: str) -> list[int]:
     return ids
 
 
-def test_commit_keeps_the_reported_attempts_only(root):
+def test_commit_keeps_the_reported_attempts_only(store_root):
     """Two attempts of task 0 (the loser's file complete, one more half-written file), one of task 1:
     the committed output holds the reported attempts' files under their output names, the driver's
     file, nothing of the other attempts, and no job prefix is left beside it."""
-    out = f"{root}/out"
+    out = f"{store_root}/out"
     with output_job(out) as job:
         loser = job.target.attempt(stage=3, partition=0, attempt=0, task_attempt_id=10)
         loser.write_table("part-00000.parquet", _table(0, 50))
@@ -85,14 +69,14 @@ def test_commit_keeps_the_reported_attempts_only(root):
     assert _names(out) == sorted(expected + ([COMPLETE_MARKER] if remote else []))
     assert sorted(_read_ids(out)) == list(range(200))
     assert [os.path.relpath(f.path, fs.location(out).path) for f in committed_files(out)] == expected[1:]
-    assert _names(root) == [f"out/{n}" for n in _names(out)]                  # no job prefix, no attempts
+    assert _names(store_root) == [f"out/{n}" for n in _names(out)]                  # no job prefix, no attempts
     if remote:
         marker = json.loads(fs.read_bytes(fs.location(out).child(COMPLETE_MARKER)))
         assert marker["files"] == expected
 
 
-def test_commit_replaces_the_previous_output_and_a_failure_keeps_it(root):
-    out = f"{root}/out"
+def test_commit_replaces_the_previous_output_and_a_failure_keeps_it(store_root):
+    out = f"{store_root}/out"
     with output_job(out) as job:
         a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
         a.write_table("part-00000.parquet", _table(0, 10))
@@ -110,7 +94,7 @@ def test_commit_replaces_the_previous_output_and_a_failure_keeps_it(root):
             job.add([a.record()])
             raise RuntimeError("boom")
     assert {n: fs.read_bytes(fs.location(out).child(n)) for n in _names(out)} == before
-    assert _names(root) == [f"out/{n}" for n in sorted(before)]
+    assert _names(store_root) == [f"out/{n}" for n in sorted(before)]
 
 
 def test_a_stray_object_beside_a_committed_output_is_not_read(s3, tmp_path):
@@ -150,8 +134,8 @@ def test_add_refuses_two_attempts_of_a_task_and_a_name_written_twice(tmp_path):
     assert sorted(os.listdir(tmp_path)) == []                                # both jobs aborted, nothing left
 
 
-def test_overwrite_false_refuses_an_existing_output(root):
-    out = f"{root}/out"
+def test_overwrite_false_refuses_an_existing_output(store_root):
+    out = f"{store_root}/out"
     with output_job(out) as job:
         job.write_bytes("a.txt", b"a")
     with pytest.raises(BadInputError, match="output already exists"):

@@ -10,23 +10,8 @@ from pipeline import fs
 from pipeline.commit import output_job
 from pipeline.errors import BadInputError
 from pipeline.inputs import dataset_files, parquet_frame, read_parquet
-from servers import environment, s3_server
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with s3_server(tmp_path_factory.mktemp("moto")) as server:
-        yield server
-
-
-@pytest.fixture(params=["local", "s3"])
-def root(request, tmp_path):
-    if request.param == "local":
-        yield str(tmp_path)
-        return
-    server = request.getfixturevalue("s3")
-    with environment(**server.env("writer")):
-        yield f"s3://{server.bucket}/{tmp_path.name}"
+from servers import environment
+from store_fixtures import s3, store_root  # noqa: F401
 
 
 def _dataset(out: str, parts: int = 3, rows: int = 50) -> None:
@@ -40,8 +25,8 @@ def _dataset(out: str, parts: int = 3, rows: int = 50) -> None:
         job.write_json("_report.json", {"parts": parts})
 
 
-def test_parquet_frame_reads_the_committed_files(spark, root):
-    out = f"{root}/data"
+def test_parquet_frame_reads_the_committed_files(spark, store_root):
+    out = f"{store_root}/data"
     _dataset(out)
     if not fs.location(out).is_local:                   # an object beside the committed files is not read
         fs.write_bytes(fs.location(out).child("part-99999.parquet"), b"PAR1 stray")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import uproot
 
+from pipeline.commit import JobTarget
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.simulate import SimulateConfig
 from pipeline.simulate.delphes_io import SCHEMA, TREE, branch_names
@@ -95,9 +96,10 @@ def test_same_seed_same_events_bit_for_bit(simulated, tmp_path):
     """Rerunning a task outside Spark with the same seed reproduces the Spark-written file exactly."""
     cfg, res = simulated
     task = [t for t in make_tasks(cfg) if t["process"] == "wjets"][1]
-    r = run_task(task, cfg, str(tmp_path))
-    assert "error" not in r
-    a, b = _all_branches(res["files"]["wjets"][1]), _all_branches(tmp_path / task["file"])
+    target = JobTarget(str(tmp_path))
+    r = run_task(task, cfg, target)
+    assert "error" not in r and r["files"] == [task["file"]]
+    a, b = _all_branches(res["files"]["wjets"][1]), _all_branches(target.file(r["attempt_dir"], task["file"]).path)
     for name in branch_names():
         x, y = a[name], b[name]
         assert ak.all(ak.num(x) == ak.num(y)), name
@@ -109,9 +111,11 @@ def test_different_seed_different_events(simulated, tmp_path):
     cfg, res = simulated
     other = cfg.model_copy(update={"seed": cfg.seed + 1})
     task = [t for t in make_tasks(other) if t["process"] == "wjets"][1]
-    assert "error" not in run_task({**task, "events": 40}, other, str(tmp_path))
+    target = JobTarget(str(tmp_path))
+    r = run_task({**task, "events": 40}, other, target)
+    assert "error" not in r
     a = _all_branches(res["files"]["wjets"][1])[:40]
-    b = _all_branches(tmp_path / task["file"])
+    b = _all_branches(target.file(r["attempt_dir"], task["file"]).path)
     assert not np.array_equal(ak.to_numpy(ak.flatten(a["EFlowTrack.PT"])[:200]),
                               ak.to_numpy(ak.flatten(b["EFlowTrack.PT"])[:200]))
     assert not np.array_equal(ak.to_numpy(a["MissingET.MET"][:, 0]), ak.to_numpy(b["MissingET.MET"][:, 0]))
@@ -233,7 +237,7 @@ def test_failed_run_leaves_previous_output(simulated, spark, tmp_path):
 def test_filter_too_strict_is_reported(tmp_path):
     cfg = _cfg(tmp_path / "o", events=5, processes=["wjets"], max_attempts_factor=2, batch_size=10,
                lepton_filter={"pt_min": 5000.0})
-    r = run_task(make_tasks(cfg)[0], cfg, str(tmp_path / "o"))
+    r = run_task(make_tasks(cfg)[0], cfg, JobTarget(str(tmp_path / "o")))
     assert "lepton filter" in r["error"] and "wjets" in r["error"]
     assert isinstance(PipelineError(r["error"]), PipelineError)
 

