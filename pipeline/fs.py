@@ -315,6 +315,19 @@ def list_dirs(loc: Location) -> list[Location]:
                   key=lambda x: x.path)
 
 
+def list_entries(loc: Location) -> list[tuple[Location, bool]]:
+    """``(location, is_directory)`` of every entry directly under ``loc`` (object stores: the objects
+    and common prefixes), sorted; none when ``loc`` does not exist."""
+    import pyarrow.fs as pafs
+
+    try:
+        infos = loc.filesystem().get_file_info(pafs.FileSelector(loc.path, recursive=False, allow_not_found=True))
+    except OSError as e:
+        raise BadInputError(f"{loc}: {_reason(e)}") from None
+    return sorted(((Location(loc.scheme, i.path.rstrip("/")), i.type == pafs.FileType.Directory) for i in infos
+                   if i.type in (pafs.FileType.File, pafs.FileType.Directory)), key=lambda x: x[0].path)
+
+
 def list_files(loc: Location, suffix: str = "") -> list[Location]:
     """Files under a directory/prefix (recursive, sorted), optionally ending with ``suffix``."""
     import pyarrow.fs as pafs
@@ -326,6 +339,41 @@ def list_files(loc: Location, suffix: str = "") -> list[Location]:
         raise BadInputError(f"{loc}: {_reason(e)}") from None
     return sorted((Location(loc.scheme, i.path) for i in infos
                    if i.type == pafs.FileType.File and i.path.endswith(suffix)), key=lambda x: x.path)
+
+
+def delete_file(loc: Location) -> None:
+    """Remove one file/object; missing is fine."""
+    if loc.is_local:
+        Path(loc.path).unlink(missing_ok=True)
+        return
+    try:
+        loc.filesystem().delete_file(loc.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
+
+
+def remove_dir_if_empty(loc: Location) -> bool:
+    """Remove the directory/prefix ``loc`` when nothing is left in it (an object store may keep
+    an empty directory marker); True when it is gone. Never removes anything that holds a file."""
+    if loc.is_local:
+        try:
+            os.rmdir(loc.path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
+    if list_files(loc):
+        return False
+    try:
+        loc.filesystem().delete_dir(loc.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
+    return True
 
 
 def delete_tree(loc: Location) -> None:

@@ -78,6 +78,18 @@ def test_supervisor_does_not_restart_bad_input(tmp_path):
     assert calls == [1]
 
 
+def test_a_checkpoint_dir_overlapping_the_output_is_refused(tmp_path):
+    from pipeline.errors import ConfigError
+    from pipeline.train.launch import check_targets
+
+    out = tmp_path / "out"
+    for ck in (out, out / "ck", tmp_path):
+        with pytest.raises(ConfigError, match="overlaps the output"):
+            check_targets(_cfg(tmp_path, checkpoint_dir=str(ck)))
+    assert check_targets(_cfg(tmp_path, checkpoint_dir=str(tmp_path / "out2")))[1].name == "out2"
+    assert check_targets(_cfg(tmp_path))[1].name == "out-checkpoints"
+
+
 def test_inexact_algorithms_are_named():
     assert restart.resumes_exactly(TrainConfig(algorithm={"name": "local_sgd", "params": {"period": 4}}))
     assert restart.resumes_exactly(TrainConfig(algorithm={"name": "slowmo"}))
@@ -157,13 +169,43 @@ def test_after_the_last_allowed_failure_one_line_names_the_failure_and_the_check
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert rc == 1 and len(err) == 1
     assert "worker process died (killed by SIGKILL)" in err[0] and "step_00000005" in err[0], err[0]
+    assert "resume=true" in err[0]
     assert not out.exists()  # nothing partial
+    # a plain rerun does not delete that checkpoint: one line naming it and how to resume or start over
+    ck = tmp_path / "out-checkpoints"
+    before = {p.name for p in ck.iterdir()}
+    rc = main(["--manifest", str(man), "--output", str(out), "--launcher", "local", "--epochs", "2",
+               "--batch_size", "16", "--checkpoint_every", "5", "--progress", "false"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert rc == 2 and len(err) == 1 and "step_00000005" in err[0] and "fresh_start=true" in err[0], err
+    assert {p.name for p in ck.iterdir()} == before and (ck / "step_00000005" / "meta.json").is_file()
     # ... and that checkpoint is what resume=true continues from
     rc = main(["--manifest", str(man), "--output", str(out), "--launcher", "local", "--epochs", "2",
                "--batch_size", "16", "--checkpoint_every", "5", "--progress", "false", "--resume", "true"])
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["resumed_from"].endswith("step_00000005") and s["steps"] == 16
+
+
+def _files(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(600)
+def test_a_checkpoint_dir_holding_the_shards_is_refused_and_every_file_kept(tmp_path, capsys):
+    """``--set checkpoint_dir=<the shards>``: one line naming the directory, exit 2, no file touched."""
+    from jobs.train import main
+
+    man = _shards(tmp_path, workers=1)
+    shards = man.parent
+    before = _files(shards)
+    rc = main(["--manifest", str(man), "--output", str(tmp_path / "out"), "--launcher", "local", "--epochs", "1",
+               "--batch_size", "16", "--progress", "false", "--max_restarts", "0",
+               "--set", f"checkpoint_dir={shards}"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert rc == 2 and len(err) == 1 and f"checkpoint_dir {shards} holds" in err[0], err
+    assert _files(shards) == before
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -155,7 +155,7 @@ def is_finished(rdir: Path, run_cfg) -> bool:
 
 def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path, spark) -> dict:
     """Prepare the data of one run (cached) and train it; returns the training summary."""
-    from ..train.checkpoint import remove as remove_checkpoints
+    from ..train.checkpoint import clear as clear_checkpoints
     from ..train.launch import checkpoint_dir, train
 
     spec = plan.spec
@@ -169,7 +169,7 @@ def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
                                    "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
     summary = train(train_cfg, spark)
-    remove_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
+    clear_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
     return summary
 
 

@@ -376,12 +376,12 @@ def _fail_stale(study) -> None:
 def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracker) -> None:
     from optuna.trial import TrialState
 
-    from ..train.checkpoint import remove as remove_checkpoints
+    from ..train.checkpoint import clear as clear_checkpoints
     from ..train.launch import checkpoint_dir
     from .results import run_metrics
 
     tdir = out / "trials" / f"trial_{t.number}" / "train"
-    remove_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
+    clear_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
     for k in ("started", "finished"):
         if res.get(k) is not None:
             t.set_user_attr(f"task_{k}", res[k])

@@ -59,12 +59,12 @@ log = logging.getLogger(__name__)
 
 def checkpoint_dir(cfg: TrainConfig) -> Location:
     """``checkpoint_dir`` or ``<output>-checkpoints`` (local or on an object store)."""
-    from .checkpoint import where
+    from .checkpoint import location_of
 
     if cfg.checkpoint_dir:
-        return where(cfg.checkpoint_dir)
+        return location_of(cfg.checkpoint_dir)
     out = location(cfg.output, output=True)
-    return where(out.sibling(f"{out.name}-checkpoints"))
+    return location_of(out.sibling(f"{out.name}-checkpoints"))
 
 
 def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
@@ -72,9 +72,18 @@ def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
     bucket that does not exist, missing credentials or a read-only prefix is one line naming the URI."""
     final = location(cfg.output, output=True)
     ck = checkpoint_dir(cfg)
+    if _overlap(final, ck):
+        raise ConfigError(f"invalid config value checkpoint_dir={cfg.checkpoint_dir!r}: it overlaps the output {final} "
+                          "(committing the output replaces that directory); use a directory of its own")
     for loc in (final, ck):
         check_writable(location(loc))
     return final, ck
+
+
+def _overlap(a: Location, b: Location) -> bool:
+    """``a`` and ``b`` are the same directory or one lies inside the other."""
+    x, y = a.path.rstrip("/") + "/", b.path.rstrip("/") + "/"
+    return a.scheme == b.scheme and (x.startswith(y) or y.startswith(x))
 
 
 def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
@@ -378,6 +387,8 @@ def train(cfg: TrainConfig, spark=None) -> dict:
             return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(tmp), str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
+        if results[0].get("checkpoint"):
+            checkpoint.mark_finished(results[0]["checkpoint"])  # a later fresh start may delete it
         _check_staged(tmp, final)
         restart.record_restarts(tmp / "metrics.jsonl", restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import PipelineError
+from ..errors import ConfigError, PipelineError
 from . import checkpoint
 
 log = logging.getLogger(__name__)
@@ -114,34 +114,48 @@ def resumes_exactly(cfg) -> bool:
 
 
 # ---------------------------------------------------------------------------- where a run starts
+#: how a user says "continue" or "start over", named in the messages below
+RESUME_HINT = "resume=true (--set resume=true; train.resume=true in a workflow config)"
+FRESH_HINT = "fresh_start=true"
+
+
 def start_checkpoint(cfg, ck, expected_fp: dict):
-    """The checkpoint a launch resumes from, per ``cfg.resume``: False -> none (the directory is
-    emptied so runs never mix); True -> the newest complete one (ConfigError if its config
-    differs); ``auto`` -> the newest complete one of the same config, else none (emptied).
-    ``ck`` is a :class:`~pipeline.fs.Location` (``checkpoint.where``: local or object store); so
-    is the checkpoint returned."""
-    found = checkpoint.newest_complete(ck) if cfg.resume else None
-    if cfg.resume == "auto" and found is not None and not checkpoint.matches(found[1], expected_fp):
-        log.warning("resume=auto: the checkpoints in %s belong to another config; starting fresh", ck)
-        found = None
-    if found is None and cfg.resume is not True:
-        _empty(ck)
+    """The checkpoint a launch resumes from, per ``cfg.resume`` (``ck``: a
+    :class:`~pipeline.fs.Location`, local or object store; so is the checkpoint returned).
+
+    First of all, ``ck`` must hold nothing but checkpoints (``checkpoint.check_own``: one line
+    naming what else is there, nothing deleted). Then: ``true`` -> the newest complete checkpoint
+    (ConfigError if its config differs); ``auto`` -> the newest complete one of the same config;
+    otherwise the run starts fresh and deletes the checkpoints in ``ck`` -- saying first which
+    checkpoint it deletes and how to resume it -- but only when the run that wrote them finished
+    (``checkpoint.finished``) or ``cfg.fresh_start`` is set: the checkpoint of a run that did not
+    finish (the one a failure message says it "can resume from") is refused with one line instead."""
+    checkpoint.check_own(ck)
+    found = checkpoint.newest_complete(ck)
+    if found is not None and cfg.resume is True:
+        checkpoint.check_fingerprint(found[0], found[1], expected_fp)
+        log.info("resuming from %s (step %d)", found[0], found[1]["step"])
+        return found[0]
+    if found is not None and cfg.resume == "auto" and checkpoint.matches(found[1], expected_fp):
+        log.info("resuming from %s (step %d)", found[0], found[1]["step"])
+        return found[0]
     if found is None:
         if cfg.resume:
             log.info("resume: no complete checkpoint in %s, starting fresh", ck)
+        checkpoint.clear(ck)  # leftovers of writes cut short, if any
         return None
-    checkpoint.check_fingerprint(found[0], found[1], expected_fp)
-    log.info("resuming from %s (step %d)", found[0], found[1]["step"])
-    return found[0]
-
-
-def _empty(ck) -> None:
-    """Remove every checkpoint under ``ck`` (a local directory is recreated empty; an object-store
-    prefix simply has no objects left)."""
-    loc = checkpoint.where(ck)
-    checkpoint.remove(loc)
-    if loc.is_local:
-        Path(loc.path).mkdir(parents=True, exist_ok=True)
+    path, meta = found
+    other = "" if checkpoint.matches(meta, expected_fp) else " with another config"
+    if not checkpoint.finished(meta) and not getattr(cfg, "fresh_start", False):
+        how = f"continue it with {RESUME_HINT}, or" if not other else "use another checkpoint_dir, or"
+        raise ConfigError(f"checkpoint_dir {ck} holds checkpoint {path} (step {meta['step']}) of a run{other} that "
+                          f"did not finish; resume={str(cfg.resume).lower()} would delete it: {how} delete it and "
+                          f"start over with {FRESH_HINT}")
+    log.warning("starting fresh (resume=%s): deleting the checkpoints in %s of an earlier run%s; the newest, %s "
+                "(step %d), could be continued with %s", str(cfg.resume).lower(), ck, other, path, meta["step"],
+                RESUME_HINT)
+    checkpoint.clear(ck)
+    return None
 
 
 # ---------------------------------------------------------------------------- the supervisor
@@ -192,7 +206,7 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
             if len(restarts) >= cfg.max_restarts:
                 raise TrainingFailed(f"training failed after {len(restarts)} restart(s) (max_restarts="
                                      f"{cfg.max_restarts}): {failure}; it can resume from {where} with "
-                                     "resume=true") from exc
+                                     f"{RESUME_HINT}") from exc
             exact = resumes_exactly(cfg)
             rec = {"kind": "restart", "restart": len(restarts) + 1,
                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -205,10 +219,8 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
             if not exact:
                 log.warning("algorithm %s does not resume exactly: the continuation from step %d is not "
                             "bit-identical to an uninterrupted run", cfg.algorithm.name, rec["from_step"])
-            resume_from = found[0] if found else None
+            resume_from = found[0] if found else None  # None: from the start (nothing is deleted)
             attempt_cfg = without_faults(cfg)
-            if resume_from is None:
-                _empty(ck)
 
 
 def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
