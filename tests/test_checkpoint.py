@@ -101,7 +101,7 @@ class FakeCuda:
 def test_cuda_rng_states_are_saved_and_restored_through_the_probe(tmp_path, comm):
     model, opt, algo = _parts()
     blob = checkpoint.rank_bytes(model, opt, algo, cuda=FakeCuda(fill=3))
-    st = torch.load(io.BytesIO(blob), weights_only=False)
+    st = torch.load(io.BytesIO(blob), weights_only=True)  # RNG states are tensors and plain data
     assert [s.tolist()[0] for s in st["rng"]["cuda"]] == [3, 4]
     probe = FakeCuda(fill=50)
     checkpoint.set_rng_state(st["rng"], cuda=probe)
@@ -109,6 +109,47 @@ def test_cuda_rng_states_are_saved_and_restored_through_the_probe(tmp_path, comm
     # a host without CUDA records none and restores none
     cpu_only = checkpoint.rng_state(cuda=type("NoCuda", (), {"is_available": lambda self: False})())
     assert cpu_only["cuda"] is None
+
+
+class _RunsCode:
+    """Unpickling this object calls ``open(path, "w")``: code run by loading a checkpoint."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_and_the_code_does_not_run(tmp_path, comm):
+    """The SHA-256 in meta.json proves integrity, not origin: a rank file planted together with
+    its matching hash must not run code when it is loaded."""
+    import hashlib
+
+    _write(comm, tmp_path, 3)
+    d, marker = tmp_path / "step_00000003", tmp_path / "code-ran"
+    buf = io.BytesIO()
+    torch.save({"model": {}, "optimizer": {}, "algorithm": _RunsCode(str(marker)), "rng": {}}, buf)
+    evil = buf.getvalue()
+    (d / "rank_000.pt").write_bytes(evil)
+    meta = json.loads((d / "meta.json").read_text())
+    meta["files"]["rank_000.pt"] = {"sha256": hashlib.sha256(evil).hexdigest(), "bytes": len(evil)}
+    (d / "meta.json").write_text(json.dumps(meta))
+    assert checkpoint.verify(d)["step"] == 3  # size and hash match: the driver would pick it
+    m, o, a = _parts(5)
+    with pytest.raises(BadInputError) as e:
+        checkpoint.restore(str(d), 0, m, o, a)
+    msg = str(e.value)
+    assert "\n" not in msg and str(d / "rank_000.pt") in msg and "weights_only" not in msg, msg
+    assert not marker.exists()  # the code did not run
+
+
+def test_rank_files_hold_only_tensors_and_plain_data(tmp_path, comm):
+    path = _write(comm, tmp_path, 2)
+    st = torch.load(tmp_path / "step_00000002" / "rank_000.pt", weights_only=True)
+    assert set(st) == {"model", "optimizer", "algorithm", "rng"}
+    assert isinstance(st["rng"]["numpy"]["key"], torch.Tensor) and isinstance(st["rng"]["python"]["state"], torch.Tensor)
+    assert checkpoint.restore(path, 0, *_parts(3))["step"] == 2
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "no_meta", "bad_meta", "missing_rank"])

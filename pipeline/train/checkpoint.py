@@ -22,7 +22,10 @@ applies to every rank object before a checkpoint is used. Local directories keep
 file, ``fsync`` and rename.
 
 ``rng`` holds torch's CPU generator, every CUDA device's generator (when CUDA is present),
-numpy's global and Python's ``random`` states. Resuming rebuilds each rank's model,
+numpy's global and Python's ``random`` states. Every piece of state is a tensor or plain data
+(numbers, strings, lists, dicts), and rank files are loaded with ``torch.load(...,
+weights_only=True)``: the SHA-256 in ``meta.json`` proves a file is whole, not who wrote it, so a
+rank file whose pickle names any other Python object is refused (one line) and nothing in it runs. Resuming rebuilds each rank's model,
 optimizer, algorithm and RNG state and the training loop continues at step ``step`` (epoch
 ``step // steps_per_epoch``, reopened with the same (worker, epoch) seed, skipping the
 batches already taken), so a deterministic run resumed from a checkpoint ends with the same
@@ -36,6 +39,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 from pathlib import Path
@@ -49,7 +53,7 @@ from ..fs import (Location, delete_file, file_size, list_dirs, list_entries, lis
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3  # 3: RNG states as tensors and plain data (rank files load with weights_only=True)
 META = "meta.json"
 _STEP_DIR = re.compile(r"step_(\d{8})")
 #: the files a checkpoint directory holds: rank files, meta.json, and their temporary names while
@@ -92,13 +96,19 @@ def _torch_cuda():
 
 
 def rng_state(cuda=None) -> dict:
-    """Torch CPU, CUDA (every device, when available), numpy and Python RNG states.
-    ``cuda`` is the probe (``torch.cuda`` by default; tests inject one)."""
+    """Torch CPU, CUDA (every device, when available), numpy and Python RNG states, as tensors and
+    plain data (a rank file loads with ``torch.load(..., weights_only=True)``). ``cuda`` is the
+    probe (``torch.cuda`` by default; tests inject one)."""
     import torch
 
     cuda = cuda if cuda is not None else _torch_cuda()
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    version, words, gauss_next = random.getstate()
     return {"torch": torch.get_rng_state(), "cuda": list(cuda.get_rng_state_all()) if cuda.is_available() else None,
-            "numpy": np.random.get_state(), "python": random.getstate()}
+            "numpy": {"bit_generator": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+            "python": {"version": int(version), "state": torch.tensor(words, dtype=torch.int64),
+                       "gauss_next": gauss_next}}
 
 
 def set_rng_state(st: dict, cuda=None) -> None:
@@ -106,10 +116,12 @@ def set_rng_state(st: dict, cuda=None) -> None:
 
     cuda = cuda if cuda is not None else _torch_cuda()
     torch.set_rng_state(st["torch"].cpu())
-    if st.get("numpy") is not None:
-        np.random.set_state(st["numpy"])
-    if st.get("python") is not None:
-        random.setstate(st["python"])
+    n, py = st.get("numpy"), st.get("python")
+    if n is not None:
+        np.random.set_state((n["bit_generator"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+    if py is not None:
+        random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     saved = st.get("cuda")
     if saved and cuda.is_available():
         have = cuda.device_count()
@@ -328,7 +340,11 @@ def restore(path: str | os.PathLike, rank: int, model, optimizer, algo, device=N
     data = read_bytes_if_exists(p.child(name)) or b""
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise CorruptCheckpoint(f"{p.child(name)} does not match its SHA-256")
-    st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    try:
+        st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BadInputError(f"{p.child(name)}: refused: it holds Python objects other than tensors and plain data, "
+                            "which could run code when loaded; this pipeline's checkpoints hold none") from None
     del data
     model.load_state_dict(st["model"])
     optimizer.load_state_dict(st["optimizer"])

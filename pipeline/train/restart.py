@@ -139,10 +139,14 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
     if found is not None and cfg.resume == "auto" and checkpoint.matches(found[1], expected_fp):
         log.info("resuming from %s (step %d)", found[0], found[1]["step"])
         return found[0]
-    if found is None:
+    if found is None:  # nothing to resume from; what is there was cut short, corrupt or of an older format
         if cfg.resume:
             log.info("resume: no complete checkpoint in %s, starting fresh", ck)
-        checkpoint.clear(ck)  # leftovers of writes cut short, if any
+        else:
+            gone = checkpoint.clear(ck)
+            if gone:
+                log.warning("starting fresh: deleted %d checkpoint(s) in %s that cannot be resumed from (%s)",
+                            len(gone), ck, ", ".join(p.name for p in gone))
         return None
     path, meta = found
     other = "" if checkpoint.matches(meta, expected_fp) else " with another config"
