@@ -81,9 +81,10 @@ class DebugConfig(BaseModel):
     record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
     fail_at_step: Optional[int] = Field(None, gt=0, description="simulate a crash right after this step")
     fail_rank: Optional[int] = Field(None, ge=0, description="only this rank crashes (default: every rank)")
-    fail_mode: Literal["raise", "kill", "hang"] = Field(
+    fail_mode: Literal["raise", "kill", "hang", "type_error"] = Field(
         "raise", description="raise: RuntimeError in the worker | kill: the worker process is SIGKILLed | "
-                             "hang: the worker blocks for good (what a deadlock looks like)")
+                             "hang: the worker blocks for good (what a deadlock looks like) | "
+                             "type_error: a TypeError (an error in the code: not restarted)")
 
 
 class TrainConfig(StageConfig):

@@ -63,7 +63,8 @@ def _debug_value(cfg_or_debug, key: str):
 
 def inject_fault(cfg_or_debug, rank: int, step: int) -> None:
     """Testing aid called by the worker after each step: at ``fail_at_step`` on ``fail_rank``
-    (every rank when None) raise a RuntimeError (``fail_mode=raise``), end this process at once
+    (every rank when None) raise a RuntimeError (``fail_mode=raise``) or a TypeError (``type_error``: an
+    error in the code, never restarted), end this process at once
     (``exit``: ``os._exit(17)``), SIGKILL it (``kill``: what an OOM kill looks like) or block
     it for good (``hang``: what a deadlock looks like; ``stall_timeout`` ends it)."""
     at = _debug_value(cfg_or_debug, "fail_at_step")
@@ -73,6 +74,8 @@ def inject_fault(cfg_or_debug, rank: int, step: int) -> None:
     if who is not None and int(who) != rank:
         return
     mode = _debug_value(cfg_or_debug, "fail_mode") or "raise"
+    if mode == "type_error":
+        raise TypeError(f"fail_at_step={at} reached (simulated error in the code)")
     if mode == "hang":
         log.warning("rank %d: fail_at_step=%d reached: this worker blocks for good (hang)", rank, step)
         threading.Event().wait()
@@ -178,16 +181,62 @@ def one_line(exc: BaseException) -> str:
 #: failures a relaunch would meet again: bad inputs/configs, and a disk that is full or not writable
 _PERMANENT = ("BadInputError:", "ConfigError:", "No space left on device", "Read-only file system",
               "Permission denied", "Disk quota exceeded")
+#: errors in the code or the installation, which a relaunch would meet again; a launcher that reports
+#: a worker's failure as text (Horovod, torchrun, several local ranks) is matched by the type's name
+_CODE_ERRORS = (ImportError, TypeError, NameError, SyntaxError)
+_CODE_ERROR_TEXT = re.compile(r"\b(?:ModuleNotFoundError|ImportError|TypeError|NameError|SyntaxError): ")
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def code_error(exc: BaseException) -> bool:
+    """An error in the code or the installation (ImportError, TypeError, NameError, SyntaxError),
+    raised here or reported by a launcher; a lost worker never is one, whatever its peers said."""
+    if isinstance(exc, WorkerLost):
+        return False
+    return isinstance(exc, _CODE_ERRORS) or bool(_CODE_ERROR_TEXT.search(str(exc)))
+
+
+def missing_module(exc: BaseException) -> Optional[str]:
+    """The module a failed import names, if ``exc`` is (or reports) a ModuleNotFoundError."""
+    if isinstance(exc, WorkerLost):
+        return None
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return exc.name
+    m = _MISSING_MODULE.search(str(exc))
+    return m.group(1) if m else None
 
 
 def is_restartable(exc: BaseException) -> bool:
-    """Everything but what fails the same way again (see ``_PERMANENT``) and an interrupt."""
+    """A transient failure: everything but what fails the same way again (bad input or config, a
+    full or read-only disk, an error in the code or the installation) and an interrupt."""
     if isinstance(exc, PipelineError):
         return False
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
         return False
     text = str(exc)
-    return not any(n in text for n in _PERMANENT)
+    return not any(n in text for n in _PERMANENT) and not code_error(exc)
+
+
+def install_hint(launcher: str, module: str, exc: BaseException) -> str:
+    """One line for a module the run needs that is not installed: what to install, which launcher."""
+    others = " or ".join(f"launcher={x}" for x in ("horovod", "torch", "local") if x != launcher)
+    if module.split(".")[0] == "horovod":
+        return (f"launcher={launcher}: Horovod is not installed ({one_line(exc)}): build it with "
+                f"scripts/build_horovod.sh (make setup), or choose {others}")
+    return (f"launcher={launcher}: the module {module!r} is not installed where the workers run ({one_line(exc)}): "
+            f"install it (pip install {module.split('.')[0]}), or choose {others}")
+
+
+def _resume_point(ck, expected_fp: dict):
+    """(path, meta) of the newest complete checkpoint of this config in ``ck``, or None."""
+    found = checkpoint.newest_complete(ck)
+    if found is not None and not checkpoint.matches(found[1], expected_fp):
+        return None
+    return found
+
+
+def _where(found) -> str:
+    return f"checkpoint {found[0]} (step {found[1]['step']})" if found else "no checkpoint (start over)"
 
 
 def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expected_fp: dict,
@@ -201,12 +250,10 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
             return launch(attempt_cfg, str(resume_from) if resume_from else None), restarts
         except Exception as exc:  # noqa: BLE001 - classified below (an interrupt is never restarted)
             if not is_restartable(exc):
-                raise
+                _fail_at_once(exc, cfg, ck, expected_fp)
             failure = one_line(exc)
-            found = checkpoint.newest_complete(ck)
-            if found is not None and not checkpoint.matches(found[1], expected_fp):
-                found = None
-            where = f"checkpoint {found[0]} (step {found[1]['step']})" if found else "no checkpoint (start over)"
+            found = _resume_point(ck, expected_fp)
+            where = _where(found)
             if len(restarts) >= cfg.max_restarts:
                 raise TrainingFailed(f"training failed after {len(restarts)} restart(s) (max_restarts="
                                      f"{cfg.max_restarts}): {failure}; it can resume from {where} with "
@@ -225,6 +272,20 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
                             "bit-identical to an uninterrupted run", cfg.algorithm.name, rec["from_step"])
             resume_from = found[0] if found else None  # None: from the start (nothing is deleted)
             attempt_cfg = without_faults(cfg)
+
+
+def _fail_at_once(exc: Exception, cfg, ck, expected_fp: dict) -> None:
+    """Raise what ends the run without a restart: a missing module as one line naming what to
+    install or which launcher to choose (exit 2), an error in the code as TrainingFailed (exit 1),
+    anything else (bad input, config, disk) as it is."""
+    module = missing_module(exc)
+    if module:
+        raise ConfigError(install_hint(cfg.launcher, module, exc)) from exc
+    if code_error(exc):
+        raise TrainingFailed(f"training failed: {one_line(exc)}; an error in the code or the installation is not "
+                             f"restarted (a relaunch would meet it again); it can resume from "
+                             f"{_where(_resume_point(ck, expected_fp))} with {RESUME_HINT}") from exc
+    raise exc
 
 
 def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
