@@ -71,7 +71,17 @@ class Location:
             return Location(self.scheme, posixpath.join(self.path.rstrip("/"), *parts))
         return Location(self.scheme, self.path.rstrip("/") + "/" + "/".join(parts))
 
+    @property
+    def is_bucket_root(self) -> bool:
+        """An ``s3://bucket`` with no key: it has no parent, so no sibling."""
+        return self.scheme == "s3" and "/" not in self.path.strip("/")
+
     def sibling(self, name: str) -> "Location":
+        """``name`` next to this location. The root of a bucket has none (a name next to it would
+        be another bucket): BadInputError naming it and the prefix to use instead."""
+        if self.is_bucket_root:
+            raise BadInputError(f"{self}: the root of a bucket cannot be used here: names derived next to it "
+                                f"(such as {name!r}) would be other buckets; use a prefix, e.g. {self}/run")
         return Location(self.scheme, posixpath.join(posixpath.dirname(self.path.rstrip("/")), name))
 
     def spark_uri(self) -> str:

@@ -288,6 +288,34 @@ def test_a_type_error_inside_a_worker_ends_the_run_at_once(tmp_path, capsys):
     assert "restart 1/2" not in err
 
 
+def test_hang_is_accepted_for_local_workers_which_run_the_watchdog(tmp_path):
+    """Local workers (M > 1) are processes with a watchdog, so ``fail_mode=hang`` is accepted for
+    them; a single local worker runs inside the job's process, without one: refused at planning."""
+    from pipeline.errors import ConfigError
+    from pipeline.train.launch import make_plan
+
+    hang = {"fail_at_step": 3, "fail_mode": "hang"}
+    TrainConfig(launcher="local", debug=hang)
+    with pytest.raises(ConfigError, match="stall_timeout"):
+        TrainConfig(launcher="local", stall_timeout=0, debug=hang)
+    man = _shards(tmp_path, workers=1)
+    with pytest.raises(ConfigError, match="fail_mode='hang'.*one worker"):
+        make_plan(TrainConfig(manifest=str(man), launcher="local", debug=hang))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_hung_local_worker_is_ended_by_its_watchdog_and_the_run_relaunched(tmp_path):
+    from pipeline.train.launch import train
+
+    man = _shards(tmp_path)
+    run = train(TrainConfig(output=str(tmp_path / "run"), **_base(man, stall_timeout=20),
+                            debug={"fail_at_step": 7, "fail_rank": 1, "fail_mode": "hang"}))
+    (r,) = run["restarts"]
+    assert "exit code 75" in r["failure"] and r["from_step"] == 5, r
+    assert run["steps"] == 16
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_airflow_retry_of_the_train_task_resumes_from_the_run_scoped_checkpoints(tmp_path, repo):

@@ -159,10 +159,9 @@ class TrainConfig(StageConfig):
         if self.fresh_start and self.resume is not False:
             raise ConfigError(f"invalid config value fresh_start=True with resume={self.resume!r}: fresh_start "
                               "deletes the checkpoints that resume would continue from; use one of them")
-        if self.debug.fail_mode == "hang" and self.debug.fail_at_step and (self.launcher == "local"
-                                                                          or not self.stall_timeout):
-            raise ConfigError("invalid config value debug.fail_mode='hang': needs the horovod or torch launcher and "
-                              "stall_timeout > 0 (nothing would end the blocked worker)")
+        if self.debug.fail_mode == "hang" and self.debug.fail_at_step and not self.stall_timeout:
+            raise ConfigError("invalid config value debug.fail_mode='hang': needs stall_timeout > 0 (nothing would "
+                              "end the blocked worker)")
         return self
 
 

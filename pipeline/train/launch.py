@@ -72,11 +72,11 @@ def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
     bucket that does not exist, missing credentials or a read-only prefix is one line naming the URI."""
     final = location(cfg.output, output=True)
     ck = checkpoint_dir(cfg)
+    for loc in (final, ck):
+        check_writable(location(loc))
     if _overlap(final, ck):
         raise ConfigError(f"invalid config value checkpoint_dir={cfg.checkpoint_dir!r}: it overlaps the output {final} "
                           "(committing the output replaces that directory); use a directory of its own")
-    for loc in (final, ck):
-        check_writable(location(loc))
     return final, ck
 
 
@@ -92,7 +92,7 @@ def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
     tried = []
     if source:
         s = location(source)
-        tried = [s.child("scaling.json"), s.sibling("scaling.json")]
+        tried = [s.child("scaling.json")] + ([] if s.is_bucket_root else [s.sibling("scaling.json")])
         for p in tried:
             if (Path(p.path).is_file() if p.is_local else exists(p)):
                 return str(p)
@@ -113,6 +113,9 @@ def make_plan(cfg: TrainConfig) -> dict:
     check_world(cfg.algorithm.name, cfg.algorithm.params, m)
     if cfg.launcher == "local" and m > 1 and cfg.device == "cuda":
         raise ConfigError("invalid config value device='cuda' with launcher=local and several workers: use torch")
+    if cfg.launcher == "local" and m == 1 and cfg.debug.fail_mode == "hang" and cfg.debug.fail_at_step:
+        raise ConfigError("invalid config value debug.fail_mode='hang' with launcher=local and one worker: it runs "
+                          "inside this process, without a watchdog to end it; use several workers or another launcher")
     features = features_for(cfg.model)
     for w in man.workers:
         check_columns(w.path, features)
