@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PipelineError
-from ..fs import Location, check_writable, location
+from ..fs import Location, check_writable, location, write_bytes
 from ..outputs import local_path, read_json, write_json
 from .publish import RemoteOutput
 from .grid import Cell, StudyPlan, digest, plan_study
@@ -200,9 +200,11 @@ def results_frame(rows: list[dict]):
 
 
 def _write_parquet(df, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    import io
+
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    write_bytes(location(path), buf.getvalue())
 
 
 class _Tracker:
@@ -346,9 +348,7 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
     intro = _intro(plan) + ([f"- runs missing (failed, see their error.txt): {'; '.join(missing)}"] if missing else [])
     md = markdown_report(f"Study {spec.name}", intro, cells, stats, {m: METRICS[m] for m in spec.metrics},
                          [str(p.relative_to(out)) for p in plots])
-    tmp = out / ".report.md.tmp"
-    tmp.write_text(md)
-    tmp.replace(out / "report.md")
+    write_bytes(location(out / "report.md"), md.encode())
     return [out / "results.parquet", out / "stats.parquet", out / "report.md", *plots]
 
 

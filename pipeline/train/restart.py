@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import ConfigError, PipelineError
+from ..fs import location, write_bytes
 from . import checkpoint
 
 log = logging.getLogger(__name__)
@@ -301,6 +302,4 @@ def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
                 break
             pos = i + 1
         recs.insert(pos, r)
-    tmp = metrics_path.with_name(metrics_path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in recs))
-    os.replace(tmp, metrics_path)
+    write_bytes(location(metrics_path), "".join(json.dumps(m) + "\n" for m in recs).encode())
