@@ -72,6 +72,8 @@ def test_mlflow_tracking_of_a_run_whose_output_is_on_the_store(s3, shards, tmp_p
 
     out = f"s3://{s3.bucket}/tracked/train"
     db = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # a database store keeps artifacts in ./mlruns unless the experiment names a place: not the checkout
+    MlflowClient(tracking_uri=db).create_experiment("s3-runs", artifact_location=(tmp_path / "artifacts").as_uri())
     rc, err = _job(["--manifest", str(shards), "--output", out, "--launcher", "local", "--epochs", "1",
                     "--batch_size", "16", "--progress", "false", "--set", "tracking.enabled=true",
                     "--set", f"tracking.uri={db}", "--set", "tracking.experiment=s3-runs"], capsys)
@@ -82,3 +84,4 @@ def test_mlflow_tracking_of_a_run_whose_output_is_on_the_store(s3, shards, tmp_p
     assert run.info.status == "FINISHED" and run.data.tags["pipeline.output"] == out
     assert run.data.metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
     assert {a.path for a in c.list_artifacts(run.info.run_id)} >= {"metrics.jsonl", "summary.json"}
+    assert (tmp_path / "artifacts").is_dir()
