@@ -315,14 +315,7 @@ def sync_dir(loc: Location) -> None:
 def list_dirs(loc: Location) -> list[Location]:
     """The directories (object stores: the common prefixes) directly under ``loc``, sorted; none
     when ``loc`` does not exist."""
-    import pyarrow.fs as pafs
-
-    try:
-        infos = loc.filesystem().get_file_info(pafs.FileSelector(loc.path, recursive=False, allow_not_found=True))
-    except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
-    return sorted((Location(loc.scheme, i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory),
-                  key=lambda x: x.path)
+    return [p for p, is_directory in list_entries(loc) if is_directory]
 
 
 def list_entries(loc: Location) -> list[tuple[Location, bool]]:
@@ -353,37 +346,30 @@ def list_files(loc: Location, suffix: str = "") -> list[Location]:
 
 def delete_file(loc: Location) -> None:
     """Remove one file/object; missing is fine."""
-    if loc.is_local:
-        Path(loc.path).unlink(missing_ok=True)
-        return
     try:
-        loc.filesystem().delete_file(loc.path)
+        if loc.is_local:
+            Path(loc.path).unlink(missing_ok=True)
+        else:
+            loc.filesystem().delete_file(loc.path)
     except FileNotFoundError:
         pass
     except OSError as e:
         raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
 
 
-def remove_dir_if_empty(loc: Location) -> bool:
-    """Remove the directory/prefix ``loc`` when nothing is left in it (an object store may keep
-    an empty directory marker); True when it is gone. Never removes anything that holds a file."""
-    if loc.is_local:
-        try:
+def remove_dir_if_empty(loc: Location) -> None:
+    """Remove the directory/prefix ``loc`` if nothing is left in it (an object store may keep an
+    empty directory marker); never anything that holds a file."""
+    try:
+        if loc.is_local:
             os.rmdir(loc.path)
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        return True
-    if list_files(loc):
-        return False
-    try:
-        loc.filesystem().delete_dir(loc.path)
+        elif not list_files(loc):
+            loc.filesystem().delete_dir(loc.path)
     except FileNotFoundError:
         pass
     except OSError as e:
-        raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
-    return True
+        if not loc.is_local:
+            raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
 
 
 def delete_tree(loc: Location) -> None:
