@@ -25,12 +25,18 @@ file, ``fsync`` and rename.
 numpy's global and Python's ``random`` states. Every piece of state is a tensor or plain data
 (numbers, strings, lists, dicts), and rank files are loaded with ``torch.load(...,
 weights_only=True)``: the SHA-256 in ``meta.json`` proves a file is whole, not who wrote it, so a
-rank file whose pickle names any other Python object is refused (one line) and nothing in it runs. Resuming rebuilds each rank's model,
-optimizer, algorithm and RNG state and the training loop continues at step ``step`` (epoch
-``step // steps_per_epoch``, reopened with the same (worker, epoch) seed, skipping the
-batches already taken), so a deterministic run resumed from a checkpoint ends with the same
-parameters as one that was never interrupted. The fingerprint (the config fields that change
-the result) must match, else ConfigError.
+rank file whose pickle names any other Python object is refused (one line) and nothing in it runs.
+Resuming rebuilds each rank's model, optimizer, algorithm and RNG state and the training loop
+continues at step ``step`` (epoch ``step // steps_per_epoch``, reopened with the same (worker,
+epoch) seed, skipping the batches already taken), so a deterministic run resumed from a
+checkpoint ends with the same parameters as one that was never interrupted. The fingerprint (the
+config fields that change the result) must match, else ConfigError.
+
+What a run may delete: only checkpoint files (:func:`remove`, :func:`clear`): rank files,
+``meta.json`` and their temporary names inside ``step_NNNNNNNN/``; a checkpoint directory holding
+anything else is refused before anything is deleted (:func:`check_own`). The driver marks the
+last checkpoint of a successful run as finished (:func:`mark_finished`), so a later fresh start
+can tell the checkpoints of a finished run from those a failed run can resume from.
 """
 from __future__ import annotations
 

@@ -1,14 +1,20 @@
 """Surviving a lost worker: relaunch the workers and resume from the newest complete checkpoint.
 
-:func:`supervise` runs one launch of the workers; when it fails for any reason other than a
-bad input or config (a worker killed by a signal or the OOM killer, an executor lost, a
-peer's broken connection), it finds the newest complete checkpoint (corrupt ones are skipped,
+:func:`supervise` runs one launch of the workers; when it fails transiently (a worker killed by
+a signal or the OOM killer, an executor lost, a peer's broken connection, a stalled worker: see
+:func:`is_restartable`), it finds the newest complete checkpoint (corrupt ones are skipped,
 see ``checkpoint.newest_complete``), logs a warning and relaunches the workers resuming from it,
 up to ``cfg.max_restarts`` times. Each restart becomes a record
 ``{"kind": "restart", "restart", "time", "worker", "failure", "from_step", "checkpoint",
 "bit_identical"}`` in ``metrics.jsonl`` (at its position in the step sequence) and in
 ``summary.json["restarts"]``. After the last allowed failure the run ends with one line naming
-the failure and the checkpoint it could resume from (:class:`TrainingFailed`, exit code 1).
+the failure and the checkpoint it could resume from (:class:`TrainingFailed`, exit code 1). What
+a relaunch would meet again ends the run at once: a bad input or config, a full or read-only
+disk, a module that is not installed (one line naming what to install or which launcher to
+choose), an error in the code (ImportError, TypeError, NameError, SyntaxError).
+
+:func:`start_checkpoint` decides where the first launch starts, and what a fresh start may delete
+(only checkpoint files, never those of a run that did not finish unless told to).
 
 Algorithms whose steps depend on wall-clock time or message arrival (time-budgeted rounds,
 asynchronous algorithms) resume from the checkpoint too, with a warning that the continuation
@@ -154,7 +160,7 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
         return None
     path, meta = found
     other = "" if checkpoint.matches(meta, expected_fp) else " with another config"
-    if not checkpoint.finished(meta) and not getattr(cfg, "fresh_start", False):
+    if not checkpoint.finished(meta) and not cfg.fresh_start:
         how = f"continue it with {RESUME_HINT}, or" if not other else "use another checkpoint_dir, or"
         raise ConfigError(f"checkpoint_dir {ck} holds checkpoint {path} (step {meta['step']}) of a run{other} that "
                           f"did not finish; resume={str(cfg.resume).lower()} would delete it: {how} delete it and "
@@ -240,6 +246,13 @@ def _where(found) -> str:
     return f"checkpoint {found[0]} (step {found[1]['step']})" if found else "no checkpoint (start over)"
 
 
+def _can_resume(found) -> str:
+    """The end of a failure's one line: where and how it can resume."""
+    if found is None:
+        return "there is no checkpoint to resume from"
+    return f"it can resume from {_where(found)} with {RESUME_HINT}"
+
+
 def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expected_fp: dict,
               start) -> tuple[list[dict], list[dict]]:
     """``launch(cfg, resume_from) -> results``, relaunched after a lost worker (see module doc).
@@ -257,8 +270,7 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
             where = _where(found)
             if len(restarts) >= cfg.max_restarts:
                 raise TrainingFailed(f"training failed after {len(restarts)} restart(s) (max_restarts="
-                                     f"{cfg.max_restarts}): {failure}; it can resume from {where} with "
-                                     f"{RESUME_HINT}") from exc
+                                     f"{cfg.max_restarts}): {failure}; {_can_resume(found)}") from exc
             exact = resumes_exactly(cfg)
             rec = {"kind": "restart", "restart": len(restarts) + 1,
                    "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -283,9 +295,9 @@ def _fail_at_once(exc: Exception, cfg, ck, expected_fp: dict) -> None:
     if module:
         raise ConfigError(install_hint(cfg.launcher, module, exc)) from exc
     if code_error(exc):
+        resume = _can_resume(_resume_point(ck, expected_fp))
         raise TrainingFailed(f"training failed: {one_line(exc)}; an error in the code or the installation is not "
-                             f"restarted (a relaunch would meet it again); it can resume from "
-                             f"{_where(_resume_point(ck, expected_fp))} with {RESUME_HINT}") from exc
+                             f"restarted (a relaunch would meet it again); {resume}") from exc
     raise exc
 
 
