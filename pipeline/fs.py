@@ -73,7 +73,17 @@ class Location:
             return Location(self.scheme, posixpath.join(self.path.rstrip("/"), *parts))
         return Location(self.scheme, self.path.rstrip("/") + "/" + "/".join(parts))
 
+    @property
+    def is_bucket_root(self) -> bool:
+        """An ``s3://bucket`` with no key: it has no parent, so no sibling."""
+        return self.scheme == "s3" and "/" not in self.path.strip("/")
+
     def sibling(self, name: str) -> "Location":
+        """``name`` next to this location. The root of a bucket has none (a name next to it would
+        be another bucket): BadInputError naming it and the prefix to use instead."""
+        if self.is_bucket_root:
+            raise BadInputError(f"{self}: the root of a bucket cannot be used here: names derived next to it "
+                                f"(such as {name!r}) would be other buckets; use a prefix, e.g. {self}/run")
         return Location(self.scheme, posixpath.join(posixpath.dirname(self.path.rstrip("/")), name))
 
     def spark_uri(self) -> str:
@@ -307,14 +317,20 @@ def sync_dir(loc: Location) -> None:
 def list_dirs(loc: Location) -> list[Location]:
     """The directories (object stores: the common prefixes) directly under ``loc``, sorted; none
     when ``loc`` does not exist."""
+    return [p for p, is_directory in list_entries(loc) if is_directory]
+
+
+def list_entries(loc: Location) -> list[tuple[Location, bool]]:
+    """``(location, is_directory)`` of every entry directly under ``loc`` (object stores: the objects
+    and common prefixes), sorted; none when ``loc`` does not exist."""
     import pyarrow.fs as pafs
 
     try:
         infos = loc.filesystem().get_file_info(pafs.FileSelector(loc.path, recursive=False, allow_not_found=True))
     except OSError as e:
         raise BadInputError(f"{loc}: {error_reason(e)}") from None
-    return sorted((Location(loc.scheme, i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory),
-                  key=lambda x: x.path)
+    return sorted(((Location(loc.scheme, i.path.rstrip("/")), i.type == pafs.FileType.Directory) for i in infos
+                   if i.type in (pafs.FileType.File, pafs.FileType.Directory)), key=lambda x: x[0].path)
 
 
 def list_files(loc: Location, suffix: str = "") -> list[Location]:
@@ -328,6 +344,34 @@ def list_files(loc: Location, suffix: str = "") -> list[Location]:
         raise BadInputError(f"{loc}: {error_reason(e)}") from None
     return sorted((Location(loc.scheme, i.path) for i in infos
                    if i.type == pafs.FileType.File and i.path.endswith(suffix)), key=lambda x: x.path)
+
+
+def delete_file(loc: Location) -> None:
+    """Remove one file/object; missing is fine."""
+    try:
+        if loc.is_local:
+            Path(loc.path).unlink(missing_ok=True)
+        else:
+            loc.filesystem().delete_file(loc.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise BadInputError(f"{loc}: cannot delete: {error_reason(e)}") from None
+
+
+def remove_dir_if_empty(loc: Location) -> None:
+    """Remove the directory/prefix ``loc`` if nothing is left in it (an object store may keep an
+    empty directory marker); never anything that holds a file."""
+    try:
+        if loc.is_local:
+            os.rmdir(loc.path)
+        elif not list_files(loc):
+            loc.filesystem().delete_dir(loc.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if not loc.is_local:
+            raise BadInputError(f"{loc}: cannot delete: {error_reason(e)}") from None
 
 
 def delete_tree(loc: Location) -> None:

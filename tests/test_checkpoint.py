@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import ConfigError
+from pipeline.errors import BadInputError, ConfigError
 from pipeline.train import checkpoint, restart
 from pipeline.train.comm import make_communicator
 from pipeline.train.config import TrainConfig
@@ -101,7 +101,7 @@ class FakeCuda:
 def test_cuda_rng_states_are_saved_and_restored_through_the_probe(tmp_path, comm):
     model, opt, algo = _parts()
     blob = checkpoint.rank_bytes(model, opt, algo, cuda=FakeCuda(fill=3))
-    st = torch.load(io.BytesIO(blob), weights_only=False)
+    st = torch.load(io.BytesIO(blob), weights_only=True)  # RNG states are tensors and plain data
     assert [s.tolist()[0] for s in st["rng"]["cuda"]] == [3, 4]
     probe = FakeCuda(fill=50)
     checkpoint.set_rng_state(st["rng"], cuda=probe)
@@ -109,6 +109,48 @@ def test_cuda_rng_states_are_saved_and_restored_through_the_probe(tmp_path, comm
     # a host without CUDA records none and restores none
     cpu_only = checkpoint.rng_state(cuda=type("NoCuda", (), {"is_available": lambda self: False})())
     assert cpu_only["cuda"] is None
+
+
+class _RunsCode:
+    """Unpickling this object calls ``open(path, "w")``: code run by loading a checkpoint."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_and_the_code_does_not_run(tmp_path, comm):
+    """The SHA-256 in meta.json proves integrity, not origin: a rank file planted together with
+    its matching hash must not run code when it is loaded."""
+    import hashlib
+
+    _write(comm, tmp_path, 3)
+    d, marker = tmp_path / "step_00000003", tmp_path / "code-ran"
+    buf = io.BytesIO()
+    torch.save({"model": {}, "optimizer": {}, "algorithm": _RunsCode(str(marker)), "rng": {}}, buf)
+    evil = buf.getvalue()
+    (d / "rank_000.pt").write_bytes(evil)
+    meta = json.loads((d / "meta.json").read_text())
+    meta["files"]["rank_000.pt"] = {"sha256": hashlib.sha256(evil).hexdigest(), "bytes": len(evil)}
+    (d / "meta.json").write_text(json.dumps(meta))
+    assert checkpoint.verify(d)["step"] == 3  # size and hash match: the driver would pick it
+    m, o, a = _parts(5)
+    with pytest.raises(BadInputError) as e:
+        checkpoint.restore(str(d), 0, m, o, a)
+    msg = str(e.value)
+    assert "\n" not in msg and str(d / "rank_000.pt") in msg and "weights_only" not in msg, msg
+    assert not marker.exists()  # the code did not run
+
+
+def test_rank_files_hold_only_tensors_and_plain_data(tmp_path, comm):
+    path = _write(comm, tmp_path, 2)
+    st = torch.load(tmp_path / "step_00000002" / "rank_000.pt", weights_only=True)
+    assert set(st) == {"model", "optimizer", "algorithm", "rng"}
+    assert isinstance(st["rng"]["numpy"]["key"], torch.Tensor)
+    assert isinstance(st["rng"]["python"]["state"], torch.Tensor)
+    assert checkpoint.restore(path, 0, *_parts(3))["step"] == 2
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "no_meta", "bad_meta", "missing_rank"])
@@ -167,7 +209,19 @@ def test_a_write_interrupted_before_the_manifest_leaves_an_incomplete_checkpoint
     assert checkpoint.newest_complete(tmp_path)[0].name == "step_00000003"
 
 
-def test_where_a_run_starts_for_each_resume_setting(tmp_path, comm):
+def _tree(d) -> dict:
+    """Every file under ``d`` with its bytes (what must survive a refused or partial clean-up)."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _finished(comm, d, step, fp):
+    """A checkpoint of a run that finished (the driver marks the last one after a successful run)."""
+    path = _write(comm, d, step, fp=fp)
+    checkpoint.mark_finished(path)
+    return path
+
+
+def test_where_a_run_starts_for_each_resume_setting(tmp_path, comm, caplog):
     cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"))
     fp = checkpoint.fingerprint(cfg, 2)
     ck = tmp_path / "ck"
@@ -178,7 +232,115 @@ def test_where_a_run_starts_for_each_resume_setting(tmp_path, comm):
     with pytest.raises(ConfigError, match="lr=0.5"):
         restart.start_checkpoint(cfg.model_copy(update={"resume": True, "lr": 0.5}), ck, other)
     assert (ck / "step_00000007").is_dir()  # a refused resume deletes nothing
-    assert restart.start_checkpoint(cfg.model_copy(update={"resume": "auto", "lr": 0.5}), ck, other) is None
-    assert not any(ck.iterdir())  # auto with another config's checkpoints: fresh start
-    _write(comm, ck, 7, fp=fp)
-    assert restart.start_checkpoint(cfg, ck, fp) is None and not any(ck.iterdir())  # resume=false: fresh
+    # auto with the unfinished checkpoint of another config: refused, nothing deleted
+    with pytest.raises(ConfigError, match="step_00000007.*fresh_start=true"):
+        restart.start_checkpoint(cfg.model_copy(update={"resume": "auto", "lr": 0.5}), ck, other)
+    assert (ck / "step_00000007" / "meta.json").is_file()
+    # a finished run's checkpoints: a fresh start says which checkpoint it deletes and how to resume it
+    _finished(comm, ck, 9, fp)
+    with caplog.at_level(logging.WARNING):
+        assert restart.start_checkpoint(cfg.model_copy(update={"resume": "auto", "lr": 0.5}), ck, other) is None
+    (line,) = [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
+    assert "step_00000009" in line and "resume=true" in line and "\n" not in line
+    assert ck.is_dir() and _tree(ck) == {}  # the checkpoints went, the directory stays
+
+
+def test_a_plain_rerun_does_not_delete_the_checkpoint_a_failed_run_can_resume_from(tmp_path, comm, caplog):
+    """After a failure whose message says "it can resume from X", resume=false refuses with one
+    line naming X and how to resume or start over; fresh_start=true deletes it, saying so first."""
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"))
+    fp = checkpoint.fingerprint(cfg, 2)
+    ck = tmp_path / "ck"
+    _write(comm, ck, 5, fp=fp)
+    _write(comm, ck, 10, fp=fp)
+    before = _tree(ck)
+    with pytest.raises(ConfigError) as e:
+        restart.start_checkpoint(cfg, ck, fp)
+    msg = str(e.value)
+    assert "\n" not in msg and "step_00000010" in msg and "resume=true" in msg and "fresh_start=true" in msg
+    assert _tree(ck) == before
+    with caplog.at_level(logging.WARNING):
+        assert restart.start_checkpoint(cfg.model_copy(update={"fresh_start": True}), ck, fp) is None
+    (line,) = [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
+    assert "step_00000010" in line and "resume=true" in line
+    assert _tree(ck) == {}
+    with pytest.raises(ConfigError, match="fresh_start"):
+        TrainConfig(resume=True, fresh_start=True)
+
+
+def _other_files(ck):
+    """A shared directory: another run's checkpoints under its own folder, shards, a note."""
+    c = make_communicator("local")
+    try:
+        _write(c, ck / "other-run", 5)
+    finally:
+        c.shutdown()
+    (ck / "shards" / "worker_000").mkdir(parents=True)
+    (ck / "shards" / "worker_000" / "part-00000.parquet").write_bytes(b"PAR1 not really")
+    (ck / "notes.txt").write_text("mine")
+
+
+@pytest.mark.parametrize("resume", [False, True, "auto"])
+@pytest.mark.parametrize("where", ["top", "inside-a-step"])
+def test_a_checkpoint_dir_holding_other_files_is_refused_before_anything_is_deleted(tmp_path, comm, resume, where):
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"), resume=resume, fresh_start=resume is False)
+    fp = checkpoint.fingerprint(cfg, 2)
+    ck = tmp_path / "ck"
+    _finished(comm, ck, 4, fp)
+    if where == "top":
+        _other_files(ck)
+    else:
+        (ck / "step_00000004" / "README").write_text("not a checkpoint file")
+    before = _tree(ck)
+    with pytest.raises(BadInputError) as e:
+        restart.start_checkpoint(cfg, ck, fp)
+    msg = str(e.value)
+    assert "\n" not in msg and str(ck) in msg and "nothing was deleted" in msg
+    assert ("notes.txt" in msg or "other-run" in msg or "shards" in msg) if where == "top" else "README" in msg
+    assert _tree(ck) == before
+
+
+def test_our_own_temporary_names_count_as_checkpoint_files(tmp_path, comm):
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"))
+    fp = checkpoint.fingerprint(cfg, 2)
+    ck = tmp_path / "ck"
+    _finished(comm, ck, 4, fp)
+    (ck / "step_00000008").mkdir()
+    (ck / "step_00000008" / ".rank_001.pt.tmp-4242").write_bytes(b"half")  # a write cut short
+    (ck / "step_00000008" / "rank_000.pt").write_bytes(b"x")
+    assert restart.start_checkpoint(cfg, ck, fp) is None
+    assert _tree(ck) == {} and not (ck / "step_00000008").exists()
+
+
+def test_pruning_and_clearing_delete_only_checkpoint_files(tmp_path, comm):
+    for s in (2, 4, 6):
+        _write(comm, tmp_path, s)
+    (tmp_path / "step_00000002" / "keep-me.txt").write_text("a user's file")
+    removed = checkpoint.prune(str(tmp_path), 1)
+    assert [p.name for p in removed] == ["step_00000004", "step_00000002"]
+    assert not (tmp_path / "step_00000004").exists()
+    assert _tree(tmp_path / "step_00000002") == {"keep-me.txt": b"a user's file"}
+    with pytest.raises(BadInputError, match="keep-me.txt"):
+        checkpoint.clear(tmp_path)
+    assert (tmp_path / "step_00000006" / "meta.json").is_file()
+
+
+def test_the_relaunch_after_a_failure_deletes_nothing(tmp_path, comm):
+    """A failed launch with no checkpoint of this config to resume from is relaunched from the
+    start; the other files in the directory (another config's checkpoint, a note) stay."""
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"), max_restarts=1)
+    fp = checkpoint.fingerprint(cfg, 2)
+    ck = tmp_path / "ck"
+    _write(comm, ck, 3, fp={"seed": 99})
+    before = _tree(ck)
+    calls = []
+
+    def launch(c, resume_from):
+        calls.append(resume_from)
+        if len(calls) == 1:
+            raise RuntimeError("Connection reset by peer")
+        return [{"ok": True}]
+
+    results, restarts = restart.supervise(launch, cfg, ck, fp, None)
+    assert calls == [None, None] and len(restarts) == 1 and restarts[0]["checkpoint"] is None
+    assert _tree(ck) == before

@@ -3,7 +3,17 @@
 Spark task runs for one file) and, in a batch with a good file, to the ``ingest_root`` job and
 the feature stage. Each file is either read in full or reported as a bad file with a one-line
 reason while the good file is written; never a traceback, never a hang, never a part file of a
-bad file. Cases tried: see docs/failures.md (the counts are the ``max_examples`` below)."""
+bad file. Cases tried: see docs/failures.md (the counts are the ``max_examples`` below).
+
+"Read in full" is checked value by value, not by the row count: the Parquet written for a damaged
+file must hold exactly what uproot reads from that same file, and exactly the values of the
+undamaged file. What no reader can detect: a ROOT file has no checksum over the whole file, so
+damage to bytes the read does not use (other branches, a key's date, cycle or title) reads fine,
+harmlessly; damage inside a compressed basket is caught by the compression's own check (zlib's
+Adler-32 here, LZ4's xxhash, LZMA's CRC); but a basket that ROOT stored uncompressed (it does when
+compression would not shrink it) carries no check at all, and a flipped byte there is a wrong
+value that reads without error. Every basket the tests read in ``nano_dy.root`` is compressed
+(asserted in the fixture), so here a damaged file that reads must give the original values."""
 from __future__ import annotations
 
 import json
@@ -48,17 +58,42 @@ def _no_hang(seconds: int):
 _NANO: dict = {}
 
 
+def _uproot_values(path) -> dict:
+    """What uproot itself reads from ``path``: {branch: values per entry}."""
+    import uproot
+
+    with uproot.open(path) as f:
+        arrays = f[NANO_TREE].arrays(NANO_BRANCHES, library="ak")
+    return {b: arrays[b].tolist() for b in NANO_BRANCHES}
+
+
 @pytest.fixture(scope="module")
 def nano(samples_dir) -> None:
-    """The real NanoAOD sample and its entry count, kept out of hypothesis' example reprs."""
+    """The real NanoAOD sample, its entry count and values, kept out of hypothesis' example reprs."""
+    import uproot
+
     src = samples_dir / NANO
     mode, size = R.parse_step_size("100 MB")
     _, _, n, _, _ = R.plan_file(str(src), NANO_TREE, NANO_BRANCHES, None, mode, size)
-    _NANO.update(data=src.read_bytes(), entries=n)
+    with uproot.open(src) as f:
+        for b in NANO_BRANCHES:  # no uncompressed basket: a flip in the data cannot read as a wrong value
+            br = f[NANO_TREE][b]
+            assert all(br.basket(i).compressed_bytes < br.basket(i).uncompressed_bytes for i in range(br.num_baskets))
+    _NANO.update(data=src.read_bytes(), entries=n, values=_uproot_values(src))
+
+
+def _written(out: Path) -> dict:
+    """The values of the Parquet parts ingest_root wrote, in part order: {branch: values per entry}."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.concat_tables([pq.read_table(p) for p in sorted(out.glob("*.parquet"))])
+    return {b: t.column(b).to_pylist() for b in NANO_BRANCHES}
 
 
 def _ingest_one(data: bytes, entries: int) -> str:
-    """The per-file path of ingest_root on ``data``: 'read' (every entry) or 'bad: <reason>'."""
+    """The per-file path of ingest_root on ``data``: 'read' (every entry, with the values uproot
+    reads from the same bytes, which are the undamaged file's) or 'bad: <reason>'."""
     mode, size = R.parse_step_size("100 MB")
     with tempfile.TemporaryDirectory() as d:
         path, out = Path(d) / "f.root", Path(d) / "out"
@@ -79,6 +114,10 @@ def _ingest_one(data: bytes, entries: int) -> str:
             assert not any(out.iterdir()), "a part file of a bad file was left behind"
             return f"bad: {reason}"
         assert rows == entries, f"read {rows} of {entries} entries without an error"
+        got = _written(out)
+        with _no_hang(HANG_S):
+            assert got == _uproot_values(path), "the Parquet differs from uproot's reading of the same file"
+        assert got == _NANO["values"], "a damaged file read without an error gave other values"
         return "read"
 
 
@@ -99,6 +138,21 @@ def test_root_files_with_flipped_bytes_are_read_or_reported(nano, flips):
     for frac, x in flips:
         b[int(frac * len(b))] ^= x
     _ingest_one(bytes(b), _NANO["entries"])  # every entry, or 'bad: <one line>'; no hang, no part file
+
+
+def test_damage_outside_the_branches_read_gives_the_original_values(nano, samples_dir):
+    """Bytes of a basket of another branch, flipped: the file reads, and every value is the
+    undamaged file's (the check a row count alone would not make)."""
+    import uproot
+
+    with uproot.open(samples_dir / NANO) as f:
+        br = f[NANO_TREE]["Electron_pt"]
+        seek, nbytes = int(br.member("fBasketSeek")[0]), int(br.member("fBasketBytes")[0])
+    b = bytearray(_NANO["data"])
+    for i in range(seek + nbytes // 2, seek + nbytes // 2 + 8):
+        b[i] ^= 0xFF
+    assert _ingest_one(bytes(b), _NANO["entries"]) == "read"
+    assert _ingest_one(_NANO["data"], _NANO["entries"]) == "read"
 
 
 # ---------------------------------------------------------------------------- whole stages

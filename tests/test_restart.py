@@ -78,6 +78,62 @@ def test_supervisor_does_not_restart_bad_input(tmp_path):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("exc", [TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'"),
+                                 NameError("name 'x' is not defined"),
+                                 ImportError("cannot import name 'foo' from 'bar'"),
+                                 RuntimeError("rank 0: TypeError: bad; rank 1: TypeError: bad"),
+                                 RuntimeError("Horovod job failed: ... TypeError: 'NoneType' object is not callable")])
+def test_an_error_in_the_code_is_not_restarted(tmp_path, exc, caplog):
+    calls = []
+
+    def launch(c, resume_from):
+        calls.append(1)
+        raise exc
+
+    with caplog.at_level(logging.WARNING), pytest.raises(restart.TrainingFailed) as e:
+        restart.supervise(launch, _cfg(tmp_path, max_restarts=3), tmp_path / "ck", {}, None)
+    assert calls == [1] and not any("restart" in r.getMessage() for r in caplog.records)
+    msg = str(e.value)
+    assert "\n" not in msg and "not restarted" in msg and e.value.exit_code == 1, msg
+
+
+@pytest.mark.parametrize("launcher,exc,hint", [
+    ("horovod", ModuleNotFoundError("No module named 'horovod'", name="horovod"), "scripts/build_horovod.sh"),
+    ("torch", ModuleNotFoundError("No module named 'pyspark.ml.torch'", name="pyspark.ml.torch"), "pip install"),
+    ("horovod", RuntimeError("Exception in task: ModuleNotFoundError: No module named 'horovod'"), "build_horovod")])
+def test_a_missing_module_fails_at_once_naming_what_to_install_or_which_launcher(tmp_path, launcher, exc, hint):
+    from pipeline.errors import ConfigError
+
+    calls = []
+
+    def launch(c, resume_from):
+        calls.append(1)
+        raise exc
+
+    with pytest.raises(ConfigError) as e:
+        restart.supervise(launch, _cfg(tmp_path, launcher=launcher, max_restarts=3), tmp_path / "ck", {}, None)
+    msg = str(e.value)
+    assert calls == [1] and "\n" not in msg and hint in msg and "launcher=" in msg, msg
+
+
+def test_transient_failures_are_still_restarted(tmp_path):
+    for exc in (restart.WorkerLost("rank 1: worker process died (killed by SIGKILL); then rank 0: TypeError: x", 1),
+                RuntimeError("Connection reset by peer"), OSError("Connection refused")):
+        assert restart.is_restartable(exc), exc
+
+
+def test_a_checkpoint_dir_overlapping_the_output_is_refused(tmp_path):
+    from pipeline.errors import ConfigError
+    from pipeline.train.launch import check_targets
+
+    out = tmp_path / "out"
+    for ck in (out, out / "ck", tmp_path):
+        with pytest.raises(ConfigError, match="overlaps the output"):
+            check_targets(_cfg(tmp_path, checkpoint_dir=str(ck)))
+    assert check_targets(_cfg(tmp_path, checkpoint_dir=str(tmp_path / "out2")))[1].name == "out2"
+    assert check_targets(_cfg(tmp_path))[1].name == "out-checkpoints"
+
+
 def test_inexact_algorithms_are_named():
     assert restart.resumes_exactly(TrainConfig(algorithm={"name": "local_sgd", "params": {"period": 4}}))
     assert restart.resumes_exactly(TrainConfig(algorithm={"name": "slowmo"}))
@@ -157,13 +213,107 @@ def test_after_the_last_allowed_failure_one_line_names_the_failure_and_the_check
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert rc == 1 and len(err) == 1
     assert "worker process died (killed by SIGKILL)" in err[0] and "step_00000005" in err[0], err[0]
+    assert "resume=true" in err[0]
     assert not out.exists()  # nothing partial
+    # a plain rerun does not delete that checkpoint: one line naming it and how to resume or start over
+    ck = tmp_path / "out-checkpoints"
+    before = {p.name for p in ck.iterdir()}
+    rc = main(["--manifest", str(man), "--output", str(out), "--launcher", "local", "--epochs", "2",
+               "--batch_size", "16", "--checkpoint_every", "5", "--progress", "false"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert rc == 2 and len(err) == 1 and "step_00000005" in err[0] and "fresh_start=true" in err[0], err
+    assert {p.name for p in ck.iterdir()} == before and (ck / "step_00000005" / "meta.json").is_file()
     # ... and that checkpoint is what resume=true continues from
     rc = main(["--manifest", str(man), "--output", str(out), "--launcher", "local", "--epochs", "2",
                "--batch_size", "16", "--checkpoint_every", "5", "--progress", "false", "--resume", "true"])
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["resumed_from"].endswith("step_00000005") and s["steps"] == 16
+
+
+def _files(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(600)
+def test_a_checkpoint_dir_holding_the_shards_is_refused_and_every_file_kept(tmp_path, capsys):
+    """``--set checkpoint_dir=<the shards>``: one line naming the directory, exit 2, no file touched."""
+    from jobs.train import main
+
+    man = _shards(tmp_path, workers=1)
+    shards = man.parent
+    before = _files(shards)
+    rc = main(["--manifest", str(man), "--output", str(tmp_path / "out"), "--launcher", "local", "--epochs", "1",
+               "--batch_size", "16", "--progress", "false", "--max_restarts", "0",
+               "--set", f"checkpoint_dir={shards}"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert rc == 2 and len(err) == 1 and f"checkpoint_dir {shards} holds" in err[0], err
+    assert _files(shards) == before
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(600)
+def test_horovod_not_installed_fails_at_once_with_one_line(tmp_path, repo):
+    """A real failing import: ``horovod`` blocked in the job's interpreter (``sys.modules`` entry
+    None, what Python does for a module that must not be imported) with the default launcher."""
+    import subprocess
+    import sys
+
+    man = _shards(tmp_path, workers=1)
+    code = ("import sys; sys.modules['horovod'] = None\n"
+            "from jobs.train import main\n"
+            f"sys.exit(main(['--manifest', {str(man)!r}, '--output', {str(tmp_path / 'out')!r}, '--epochs', '1',"
+            "'--progress', 'false', '--launcher', 'horovod']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=500)
+    err = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert p.returncode == 2 and len(err) == 1, p.stderr[-3000:]
+    assert "horovod" in err[0] and "build_horovod.sh" in err[0] and "launcher=torch" in err[0], err[0]
+    assert "restart" not in p.stderr.replace(err[0], "")  # no relaunch was tried
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_type_error_inside_a_worker_ends_the_run_at_once(tmp_path, capsys):
+    from jobs.train import main
+
+    man = _shards(tmp_path)
+    rc = main(["--manifest", str(man), "--output", str(tmp_path / "out"), "--launcher", "local", "--epochs", "1",
+               "--batch_size", "16", "--checkpoint_every", "2", "--progress", "false", "--max_restarts", "2",
+               "--set", "debug.fail_at_step=3", "--set", "debug.fail_rank=1", "--set", "debug.fail_mode=type_error"])
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert rc == 1 and len(line) == 1 and "TypeError" in line[0] and "not restarted" in line[0], err[-3000:]
+    assert "step_00000002" in line[0]  # where it can resume once the code is fixed
+    assert "restart 1/2" not in err
+
+
+def test_hang_is_accepted_for_local_workers_which_run_the_watchdog(tmp_path):
+    """Local workers (M > 1) are processes with a watchdog, so ``fail_mode=hang`` is accepted for
+    them; a single local worker runs inside the job's process, without one: refused at planning."""
+    from pipeline.errors import ConfigError
+    from pipeline.train.launch import make_plan
+
+    hang = {"fail_at_step": 3, "fail_mode": "hang"}
+    TrainConfig(launcher="local", debug=hang)
+    with pytest.raises(ConfigError, match="stall_timeout"):
+        TrainConfig(launcher="local", stall_timeout=0, debug=hang)
+    man = _shards(tmp_path, workers=1)
+    with pytest.raises(ConfigError, match="fail_mode='hang'.*one worker"):
+        make_plan(TrainConfig(manifest=str(man), launcher="local", debug=hang))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_hung_local_worker_is_ended_by_its_watchdog_and_the_run_relaunched(tmp_path):
+    from pipeline.train.launch import train
+
+    man = _shards(tmp_path)
+    run = train(TrainConfig(output=str(tmp_path / "run"), **_base(man, stall_timeout=20),
+                            debug={"fail_at_step": 7, "fail_rank": 1, "fail_mode": "hang"}))
+    (r,) = run["restarts"]
+    assert "exit code 75" in r["failure"] and r["from_step"] == 5, r
+    assert run["steps"] == 16
 
 
 @pytest.mark.slow

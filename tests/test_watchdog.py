@@ -9,7 +9,11 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from pipeline.train.watchdog import EXIT_CODE
+
+pytest_plugins = ["train_fixtures"]
 
 
 def _child(body: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
@@ -87,3 +91,43 @@ def test_no_watch_when_the_timeout_is_zero():
         print("alive")
     """)
     assert p.returncode == 0 and p.stdout.strip() == "alive", p.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode,skip", [("memory", 0), ("stream", 30)])
+def test_a_worker_opening_a_slow_shard_beats_while_it_loads(tmp_path, mode, skip):
+    """A shard that takes longer to decode (memory mode: all of it when the reader opens) or to
+    skip into (a stream-mode resume decodes every skipped batch) than ``stall_timeout`` is not a
+    stall: the reader beats per decoded row group. The decode is slowed in the child to 20 ms per
+    row (32 row groups of 8 rows: about 5 s against a 1.5 s stall timeout)."""
+    from train_fixtures import write_digit_shards
+
+    man = write_digit_shards(tmp_path / "shards", workers=1, n_train=256, n_test=32, n_val=32, row_group_rows=8)
+    p, _ = _child(f"""
+        import torch
+        import pipeline.data.loader as L
+        from pipeline.train.comm.local import LocalCommunicator
+        from pipeline.train.config import TrainConfig
+        from pipeline.train.launch import make_plan
+        from pipeline.train.worker import Worker
+
+        decode = L.decode_table
+        def slow_decode(table, *a, **k):  # a large shard on a slow disk
+            time.sleep(0.02 * table.num_rows)
+            return decode(table, *a, **k)
+        L.decode_table = slow_decode
+        cfg = TrainConfig(manifest={str(man)!r}, output={str(tmp_path / "o")!r}, launcher="local", batch_size=8,
+                          progress=False, stall_timeout=1.5, loader={{"mode": {mode!r}, "decode_threads": 1}})
+        plan = {{**make_plan(cfg), "resume_from": None}}
+        w = Worker(cfg, LocalCommunicator(), plan, {str(tmp_path)!r}, {str(tmp_path / "ck")!r},
+                   torch.device("cpu"))
+        dog = Watchdog(cfg.stall_timeout, rank=0, poll_s=0.1)  # armed after the imports of building a worker
+        w.beat = dog.beat  # what Worker(..., watchdog=dog) sets
+        with w.batches(0, skip={skip}) as batches:
+            n = sum(1 for _ in batches)
+        dog.stop()
+        print("batches", n)
+    """, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["batches", str(32 - skip)]
+    assert "stalled" not in p.stderr

@@ -33,7 +33,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -220,9 +220,10 @@ class MemoryShard:
         self.n = _rows(cols)
 
     @classmethod
-    def load(cls, path: str, columns: Sequence[str]) -> "MemoryShard":
-        """Decode the whole directory once (Arrow decodes with its own threads); later calls with
-        the same directory, columns and unchanged files return the cached copy."""
+    def load(cls, path: str, columns: Sequence[str], progress: Optional[Callable[[], None]] = None) -> "MemoryShard":
+        """Decode the whole directory once, row group by row group (Arrow decodes with its own
+        threads; ``progress()`` is called after each one); later calls with the same directory,
+        columns and unchanged files return the cached copy."""
         files = parquet_files(path)
         key = (str(location(path)), tuple(columns), tuple(file_stamp(f) for f in files))
         hit = cls._cache.get(key)
@@ -231,13 +232,17 @@ class MemoryShard:
         parts = []
         for f in files:
             try:
-                t = read_parquet_table(f, columns)
+                pf = open_parquet(f)
+                tables = (pf.read_row_group(i, columns=list(columns)) for i in range(pf.num_row_groups))
+                for t in tables:
+                    if t.num_rows:
+                        parts.append(decode_table(t, columns, f))
+                    if progress is not None:
+                        progress()
             except BadInputError:
                 raise
             except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
                 raise BadInputError(f"{f}: unreadable Parquet ({str(e).splitlines()[0]})") from None
-            if t.num_rows:
-                parts.append(decode_table(t, columns, f))
         if not parts:
             raise BadInputError(f"{path}: the shard has no rows")
         shard = cls(_concat(parts))
@@ -266,11 +271,13 @@ class MemoryShard:
 class StreamShard:
     """Row groups read in parallel, in a seeded order, shuffled within a bounded window."""
 
-    def __init__(self, path: str, columns: Sequence[str], shuffle_buffer: int, threads: int):
+    def __init__(self, path: str, columns: Sequence[str], shuffle_buffer: int, threads: int,
+                 progress: Optional[Callable[[], None]] = None):
         self.path, self.columns = path, list(columns)
         self.groups = row_groups(path)
         self.shuffle_buffer = int(shuffle_buffer)
         self.threads = max(1, int(threads))
+        self.progress = progress  # called after each decoded row group (also while skipping batches)
         self._local = threading.local()
 
     def _read(self, g: RowGroup) -> dict:
@@ -335,6 +342,8 @@ class StreamShard:
             return False
 
         for cols in self._decoded(order):
+            if self.progress is not None:
+                self.progress()
             pending.append(cols)
             n_pending += _rows(cols)
             if n_pending >= window:

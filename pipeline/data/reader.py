@@ -144,7 +144,8 @@ class ShardReader:
     order (evaluation). ``with_ids=True`` yields ``(inputs, labels, sample_ids)``.
     ``limit_batches`` stops early and ``skip_batches`` drops the first batches (resuming
     mid-epoch); both keep the stream's content identical to an uninterrupted read with the same
-    seed. A non-CPU ``device`` gets its batches through a
+    seed. ``progress()`` is called after each decoded row group (a worker's watchdog beat: opening
+    a large shard, or skipping into it, is progress). A non-CPU ``device`` gets its batches through a
     :class:`~pipeline.data.loader.DevicePrefetcher` (background thread, pinned memory,
     non-blocking copies).
     """
@@ -152,7 +153,8 @@ class ShardReader:
     def __init__(self, path: str, batch_size: int, features: str, seed: int = 0, shuffle: bool = True,
                  shuffle_buffer: int = 2048, scaling: Optional[dict] = None, device: Any = None,
                  with_ids: bool = False, mode: str = "auto", memory_budget: Optional[int] = None,
-                 decode_threads: Optional[int] = None, prefetch: int = 2):
+                 decode_threads: Optional[int] = None, prefetch: int = 2,
+                 progress: Optional[Callable[[], None]] = None):
         if mode not in ("auto", "memory", "stream"):
             raise ValueError(f"mode={mode!r}: expected auto, memory or stream")
         if int(batch_size) < 1:
@@ -164,6 +166,7 @@ class ShardReader:
         self.device = device
         self.requested_mode, self.memory_budget = mode, memory_budget
         self.decode_threads, self.prefetch = decode_threads, int(prefetch)
+        self.progress = progress
         self.columns = FEATURE_COLUMNS[features] + (["sample_id"] if with_ids else [])
         self.mode: Optional[str] = None
         self._engine = None
@@ -178,10 +181,10 @@ class ShardReader:
             mode = "memory" if decoded_bytes(self.path, self.columns) <= budget else "stream"
         self.mode = mode
         if mode == "memory":
-            self._engine = MemoryShard.load(self.path, self.columns)
+            self._engine = MemoryShard.load(self.path, self.columns, self.progress)
         else:
             self._engine = StreamShard(self.path, self.columns, self.shuffle_buffer,
-                                       self.decode_threads or default_decode_threads())
+                                       self.decode_threads or default_decode_threads(), self.progress)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -37,10 +37,13 @@ def finish_learning_curves(fig, ax_epochs, ax_wall, ylabel: str, title: str, pat
 
 
 def savefig(fig, path: Path) -> None:
-    """Write the PNG to a temporary name and rename it into place; close the figure."""
+    """Write the figure whole (``fs.write_bytes``: a temporary name and a rename); close the figure."""
+    import io
+
+    from ..fs import location, write_bytes
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", dpi=110)
     pyplot().close(fig)
-    tmp.replace(path)
+    write_bytes(location(path), buf.getvalue())

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PipelineError
-from ..fs import Location, check_writable, location
+from ..fs import Location, check_writable, location, write_bytes
 from ..outputs import local_path, read_json, write_json
 from .publish import RemoteOutput
 from .grid import Cell, StudyPlan, digest, plan_study
@@ -155,7 +155,7 @@ def is_finished(rdir: Path, run_cfg) -> bool:
 
 def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path, spark) -> dict:
     """Prepare the data of one run (cached) and train it; returns the training summary."""
-    from ..train.checkpoint import remove as remove_checkpoints
+    from ..train.checkpoint import clear as clear_checkpoints
     from ..train.launch import checkpoint_dir, train
 
     spec = plan.spec
@@ -169,7 +169,7 @@ def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
                                    "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
     summary = train(train_cfg, spark)
-    remove_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
+    clear_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
     return summary
 
 
@@ -200,9 +200,11 @@ def results_frame(rows: list[dict]):
 
 
 def _write_parquet(df, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    import io
+
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    write_bytes(location(path), buf.getvalue())
 
 
 class _Tracker:
@@ -346,9 +348,7 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
     intro = _intro(plan) + ([f"- runs missing (failed, see their error.txt): {'; '.join(missing)}"] if missing else [])
     md = markdown_report(f"Study {spec.name}", intro, cells, stats, {m: METRICS[m] for m in spec.metrics},
                          [str(p.relative_to(out)) for p in plots])
-    tmp = out / ".report.md.tmp"
-    tmp.write_text(md)
-    tmp.replace(out / "report.md")
+    write_bytes(location(out / "report.md"), md.encode())
     return [out / "results.parquet", out / "stats.parquet", out / "report.md", *plots]
 
 

@@ -205,17 +205,25 @@ class ParentRun:
 
 
 def track_training(cfg, summary: dict) -> Optional[str]:
-    """Log a finished plain training run (``jobs/train.py``) when ``cfg.tracking.enabled``."""
+    """Log a finished plain training run (``jobs/train.py``) when ``cfg.tracking.enabled``. An
+    object-store output is read from the store (its learning curve and summary, fetched into a
+    temporary directory); the tracking store is then ``tracking.uri`` (``check_tracking_target``)."""
     if not cfg.tracking.enabled:
         return None
+    from ..fs import location, read_bytes
     from .results import run_metrics
 
-    out = local_path(cfg.output)
-    uri = store_uri(cfg.tracking.uri, out.parent / "mlruns")
-    c = client(uri)
-    exp = experiment_id(c, cfg.tracking.experiment or "train")
-    rid = log_run(c, exp, out.name, train_params(cfg), run_metrics(out), out,
-                  tags={"pipeline.output": str(out)})
+    loc = location(cfg.output, output=True)
+    with tempfile.TemporaryDirectory(prefix="pipeline-track-") as tmp:
+        out = Path(loc.path) if loc.is_local else Path(tmp) / loc.name
+        if not loc.is_local:
+            out.mkdir()
+            for f in ("metrics.jsonl", "summary.json"):
+                (out / f).write_bytes(read_bytes(loc.child(f)))
+        uri = store_uri(cfg.tracking.uri, out.parent / "mlruns")
+        c = client(uri)
+        exp = experiment_id(c, cfg.tracking.experiment or "train")
+        rid = log_run(c, exp, loc.name, train_params(cfg), run_metrics(out), out, tags={"pipeline.output": str(loc)})
     log.info("MLflow: run %s in experiment %s at %s", rid, cfg.tracking.experiment or "train", uri)
     summary["mlflow_run_id"] = rid
     return rid

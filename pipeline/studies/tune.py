@@ -34,6 +34,7 @@ store and continues the same search.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..fs import Location, check_writable, exists, location
+from ..fs import Location, check_writable, exists, location, write_bytes
 from ..outputs import local_path, write_json
 from .publish import RemoteOutput
 from ..train.config import TrackingConfig
@@ -376,12 +377,12 @@ def _fail_stale(study) -> None:
 def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracker) -> None:
     from optuna.trial import TrialState
 
-    from ..train.checkpoint import remove as remove_checkpoints
+    from ..train.checkpoint import clear as clear_checkpoints
     from ..train.launch import checkpoint_dir
     from .results import run_metrics
 
     tdir = out / "trials" / f"trial_{t.number}" / "train"
-    remove_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
+    clear_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
     for k in ("started", "finished"):
         if res.get(k) is not None:
             t.set_user_attr(f"task_{k}", res[k])
@@ -407,9 +408,9 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[Remot
     from ..train.config import TrainConfig
 
     rows = [_trial_row(cfg, t, out) for t in study.get_trials(deepcopy=False)]
-    tmp = out / ".trials.parquet.tmp"
-    pd.DataFrame(rows).to_parquet(tmp, index=False)
-    tmp.replace(out / "trials.parquet")
+    buf = io.BytesIO()
+    pd.DataFrame(rows).to_parquet(buf, index=False)
+    write_bytes(location(out / "trials.parquet"), buf.getvalue())
     complete = [t for t in study.get_trials(deepcopy=False) if t.value is not None]
     if not complete:
         errs = [r["error"] for r in rows if r.get("error")]
@@ -422,9 +423,7 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[Remot
     header = (f"# Best of tuning run {cfg.name}: trial {b.number}, {cfg.objective} = {b.value:.6g} "
               f"({cfg.direction}); parameters {json.dumps(b.params)}\n"
               f"# Train it with: python -m jobs.train --config {out / 'best_train.yaml'}\n")
-    tmp = out / ".best_train.yaml.tmp"
-    tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(out / "best_train.yaml")
+    write_bytes(location(out / "best_train.yaml"), (header + yaml.safe_dump(doc, sort_keys=False)).encode())
     best = {"trial": b.number, "value": b.value, "params": b.params, "objective": cfg.objective,
             "direction": cfg.direction,
             "train_dir": str(remote.at(f"trials/trial_{b.number}/train") if remote else tdir)}

@@ -22,12 +22,21 @@ applies to every rank object before a checkpoint is used. Local directories keep
 file, ``fsync`` and rename.
 
 ``rng`` holds torch's CPU generator, every CUDA device's generator (when CUDA is present),
-numpy's global and Python's ``random`` states. Resuming rebuilds each rank's model,
-optimizer, algorithm and RNG state and the training loop continues at step ``step`` (epoch
-``step // steps_per_epoch``, reopened with the same (worker, epoch) seed, skipping the
-batches already taken), so a deterministic run resumed from a checkpoint ends with the same
-parameters as one that was never interrupted. The fingerprint (the config fields that change
-the result) must match, else ConfigError.
+numpy's global and Python's ``random`` states. Every piece of state is a tensor or plain data
+(numbers, strings, lists, dicts), and rank files are loaded with ``torch.load(...,
+weights_only=True)``: the SHA-256 in ``meta.json`` proves a file is whole, not who wrote it, so a
+rank file whose pickle names any other Python object is refused (one line) and nothing in it runs.
+Resuming rebuilds each rank's model, optimizer, algorithm and RNG state and the training loop
+continues at step ``step`` (epoch ``step // steps_per_epoch``, reopened with the same (worker,
+epoch) seed, skipping the batches already taken), so a deterministic run resumed from a
+checkpoint ends with the same parameters as one that was never interrupted. The fingerprint (the
+config fields that change the result) must match, else ConfigError.
+
+What a run may delete: only checkpoint files (:func:`remove`, :func:`clear`): rank files,
+``meta.json`` and their temporary names inside ``step_NNNNNNNN/``; a checkpoint directory holding
+anything else is refused before anything is deleted (:func:`check_own`). The driver marks the
+last checkpoint of a successful run as finished (:func:`mark_finished`), so a later fresh start
+can tell the checkpoints of a finished run from those a failed run can resume from.
 """
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 from pathlib import Path
@@ -44,14 +54,17 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import BadInputError, ConfigError
-from ..fs import (Location, delete_tree, file_size, list_dirs, list_files, location, read_bytes_if_exists, sha256,
-                  sync_dir, write_bytes)
+from ..fs import (Location, delete_file, file_size, list_dirs, list_entries, list_files, location,
+                  read_bytes_if_exists, remove_dir_if_empty, sha256, sync_dir, write_bytes)
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3  # 3: RNG states as tensors and plain data (rank files load with weights_only=True)
 META = "meta.json"
 _STEP_DIR = re.compile(r"step_(\d{8})")
+#: the files a checkpoint directory holds: rank files, meta.json, and their temporary names while
+#: being written (``fs.write_bytes``: ``.<name>.tmp-<pid>``); nothing else is ever deleted
+_OWN_FILE = re.compile(r"(?:rank_\d{3,}\.pt|meta\.json)|\.(?:rank_\d{3,}\.pt|meta\.json)\.tmp-\d+")
 FINGERPRINT_FIELDS = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
                       "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps",
                       "loader")  # the loader mode can change the batch order
@@ -67,14 +80,14 @@ def fingerprint(cfg, workers: int) -> dict:
     return d
 
 
-def where(path: str | os.PathLike | Location) -> Location:
+def location_of(path: str | os.PathLike | Location) -> Location:
     """A checkpoint path (local or ``s3://``) as a :class:`~pipeline.fs.Location`: every operation
     below goes through :mod:`pipeline.fs`, the same for both."""
     return location(path, output=True)
 
 
 def step_dir(ckpt_dir: str | os.PathLike | Location, step: int) -> Location:
-    return where(ckpt_dir).child(f"step_{step:08d}")
+    return location_of(ckpt_dir).child(f"step_{step:08d}")
 
 
 def rank_file(rank: int) -> str:
@@ -89,13 +102,19 @@ def _torch_cuda():
 
 
 def rng_state(cuda=None) -> dict:
-    """Torch CPU, CUDA (every device, when available), numpy and Python RNG states.
-    ``cuda`` is the probe (``torch.cuda`` by default; tests inject one)."""
+    """Torch CPU, CUDA (every device, when available), numpy and Python RNG states, as tensors and
+    plain data (a rank file loads with ``torch.load(..., weights_only=True)``). ``cuda`` is the
+    probe (``torch.cuda`` by default; tests inject one)."""
     import torch
 
     cuda = cuda if cuda is not None else _torch_cuda()
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    version, words, gauss_next = random.getstate()
     return {"torch": torch.get_rng_state(), "cuda": list(cuda.get_rng_state_all()) if cuda.is_available() else None,
-            "numpy": np.random.get_state(), "python": random.getstate()}
+            "numpy": {"bit_generator": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+            "python": {"version": int(version), "state": torch.tensor(words, dtype=torch.int64),
+                       "gauss_next": gauss_next}}
 
 
 def set_rng_state(st: dict, cuda=None) -> None:
@@ -103,10 +122,12 @@ def set_rng_state(st: dict, cuda=None) -> None:
 
     cuda = cuda if cuda is not None else _torch_cuda()
     torch.set_rng_state(st["torch"].cpu())
-    if st.get("numpy") is not None:
-        np.random.set_state(st["numpy"])
-    if st.get("python") is not None:
-        random.setstate(st["python"])
+    n, py = st.get("numpy"), st.get("python")
+    if n is not None:
+        np.random.set_state((n["bit_generator"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+    if py is not None:
+        random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     saved = st.get("cuda")
     if saved and cuda.is_available():
         have = cuda.device_count()
@@ -168,7 +189,7 @@ def prune(ckpt_dir: str, keep: int) -> list[Location]:
     """Remove all but the newest ``keep`` complete checkpoints, and incomplete ones older than
     the newest complete one (leftovers of a crash). Returns what was removed."""
     removed, complete = [], 0
-    d = where(ckpt_dir)
+    d = location_of(ckpt_dir)
     metas = {f.path for f in list_files(d) if f.name == META}
     for p in candidates(d):
         ok = p.child(META).path in metas
@@ -181,20 +202,79 @@ def prune(ckpt_dir: str, keep: int) -> list[Location]:
 
 
 def remove(path: str | os.PathLike | Location) -> None:
-    """Remove a checkpoint directory (or the whole checkpoint directory); missing is fine."""
-    delete_tree(where(path))
+    """Remove ONE checkpoint (a ``step_NNNNNNNN`` directory): only the files a checkpoint holds
+    (rank files, ``meta.json``, their temporary names); the directory goes when nothing else is
+    left in it. Missing is fine."""
+    d = location_of(path)
+    if not _STEP_DIR.fullmatch(d.name):
+        raise ValueError(f"{d} is not a checkpoint directory (step_NNNNNNNN)")
+    for f, is_dir in list_entries(d):
+        if not is_dir and _OWN_FILE.fullmatch(f.name):
+            delete_file(f)
+    remove_dir_if_empty(d)
+
+
+def foreign(ckpt_dir: str | os.PathLike | Location) -> list[Location]:
+    """What ``ckpt_dir`` holds besides checkpoints: any entry directly under it other than a
+    ``step_NNNNNNNN`` directory, and any entry of such a directory other than a checkpoint file."""
+    out = []
+    for p, is_dir in list_entries(location_of(ckpt_dir)):
+        if not (is_dir and _STEP_DIR.fullmatch(p.name)):
+            out.append(p)
+            continue
+        out += [f for f, sub in list_entries(p) if sub or not _OWN_FILE.fullmatch(f.name)]
+    return out
+
+
+def check_own(ckpt_dir: str | os.PathLike | Location) -> None:
+    """BadInputError naming ``ckpt_dir`` and what else it holds, unless it holds only checkpoints
+    (or does not exist): a run never deletes, or writes among, files it does not recognise."""
+    d = location_of(ckpt_dir)
+    other = foreign(d)
+    if other:
+        first = other[0].path[len(d.path.rstrip("/")) + 1:]
+        raise BadInputError(f"checkpoint_dir {d} holds {len(other)} entr{'y' if len(other) == 1 else 'ies'} that "
+                            f"{'is' if len(other) == 1 else 'are'} not checkpoints (first: {first}); nothing was "
+                            "deleted; give the checkpoints a directory of their own (checkpoint_dir=...)")
+
+
+def clear(ckpt_dir: str | os.PathLike | Location) -> list[Location]:
+    """Remove every checkpoint in ``ckpt_dir`` after :func:`check_own` (which refuses a directory
+    holding anything else, before anything is deleted); the directory itself stays. Returns the
+    checkpoints removed."""
+    d = location_of(ckpt_dir)
+    check_own(d)
+    gone = candidates(d)
+    for p in gone:
+        remove(p)
+    return gone
+
+
+def mark_finished(path: str | os.PathLike | Location) -> None:
+    """Record in the checkpoint's ``meta.json`` that its run finished (the driver calls this after a
+    successful run): a later fresh start may delete it, while the checkpoints of a run that did
+    not finish are kept unless resume or ``fresh_start`` says what to do with them."""
+    p = location_of(path)
+    meta = json.loads(read_bytes_if_exists(p.child(META)) or b"null")
+    if isinstance(meta, dict) and not meta.get("finished"):
+        write_bytes(p.child(META), (json.dumps({**meta, "finished": True}, default=str) + "\n").encode())
+
+
+def finished(meta: dict) -> bool:
+    """Whether the run that wrote this checkpoint (its meta) finished (:func:`mark_finished`)."""
+    return bool(meta.get("finished"))
 
 
 # ---------------------------------------------------------------------------- reading
 def candidates(ckpt_dir: str | os.PathLike | Location) -> list[Location]:
     """Checkpoint directories, newest first (on an object store: the step prefixes the listing shows)."""
-    return sorted((p for p in list_dirs(where(ckpt_dir)) if _STEP_DIR.fullmatch(p.name)), key=lambda p: p.name,
+    return sorted((p for p in list_dirs(location_of(ckpt_dir)) if _STEP_DIR.fullmatch(p.name)), key=lambda p: p.name,
                   reverse=True)
 
 
 def verify(path: str | os.PathLike | Location) -> dict:
     """The meta of a complete checkpoint; CorruptCheckpoint naming what is wrong otherwise."""
-    p = where(path)
+    p = location_of(path)
     try:
         raw = read_bytes_if_exists(p.child(META))
     except (OSError, BadInputError) as e:
@@ -257,7 +337,7 @@ def restore(path: str | os.PathLike, rank: int, model, optimizer, algo, device=N
     ``elapsed_s``, ``metrics``, ``fingerprint``)."""
     import torch
 
-    p = where(path)
+    p = location_of(path)
     meta = json.loads(read_bytes_if_exists(p.child(META)) or b"null") or {}
     name = rank_file(rank)
     info = (meta.get("files") or {}).get(name)
@@ -266,7 +346,11 @@ def restore(path: str | os.PathLike, rank: int, model, optimizer, algo, device=N
     data = read_bytes_if_exists(p.child(name)) or b""
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise CorruptCheckpoint(f"{p.child(name)} does not match its SHA-256")
-    st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    try:
+        st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BadInputError(f"{p.child(name)}: refused: it holds Python objects other than tensors and plain data, "
+                            "which could run code when loaded; this pipeline's checkpoints hold none") from None
     del data
     model.load_state_dict(st["model"])
     optimizer.load_state_dict(st["optimizer"])

@@ -81,9 +81,10 @@ class DebugConfig(BaseModel):
     record_param_digests: bool = Field(False, description="return a digest of each rank's parameters after every step")
     fail_at_step: Optional[int] = Field(None, gt=0, description="simulate a crash right after this step")
     fail_rank: Optional[int] = Field(None, ge=0, description="only this rank crashes (default: every rank)")
-    fail_mode: Literal["raise", "kill", "hang"] = Field(
+    fail_mode: Literal["raise", "kill", "hang", "type_error"] = Field(
         "raise", description="raise: RuntimeError in the worker | kill: the worker process is SIGKILLed | "
-                             "hang: the worker blocks for good (what a deadlock looks like)")
+                             "hang: the worker blocks for good (what a deadlock looks like) | "
+                             "type_error: a TypeError (an error in the code: not restarted)")
 
 
 class TrainConfig(StageConfig):
@@ -120,6 +121,9 @@ class TrainConfig(StageConfig):
     resume: Union[bool, Literal["auto"]] = Field(
         False, description="continue from the newest checkpoint in checkpoint_dir; auto: only when one of the same "
                            "config exists (else start fresh)")
+    fresh_start: bool = Field(
+        False, description="with resume=false: start over even when checkpoint_dir holds the checkpoint of a run "
+                           "that did not finish (deleting it); without it such a start is refused")
     keep_checkpoints: int = Field(3, ge=0, description="keep the newest K checkpoints (0: all)")
     max_restarts: int = Field(2, ge=0, description="relaunch the workers after a lost worker up to this many times, "
                                                    "resuming from the newest complete checkpoint")
@@ -152,10 +156,12 @@ class TrainConfig(StageConfig):
         from .algorithms.async_common import check_launcher  # asynchronous algorithms need torch.distributed p2p
 
         check_launcher(self.algorithm.name, self.algorithm.params, self.launcher)
-        if self.debug.fail_mode == "hang" and self.debug.fail_at_step and (self.launcher == "local"
-                                                                          or not self.stall_timeout):
-            raise ConfigError("invalid config value debug.fail_mode='hang': needs the horovod or torch launcher and "
-                              "stall_timeout > 0 (nothing would end the blocked worker)")
+        if self.fresh_start and self.resume is not False:
+            raise ConfigError(f"invalid config value fresh_start=True with resume={self.resume!r}: fresh_start "
+                              "deletes the checkpoints that resume would continue from; use one of them")
+        if self.debug.fail_mode == "hang" and self.debug.fail_at_step and not self.stall_timeout:
+            raise ConfigError("invalid config value debug.fail_mode='hang': needs stall_timeout > 0 (nothing would "
+                              "end the blocked worker)")
         return self
 
 

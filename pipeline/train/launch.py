@@ -59,12 +59,12 @@ log = logging.getLogger(__name__)
 
 def checkpoint_dir(cfg: TrainConfig) -> Location:
     """``checkpoint_dir`` or ``<output>-checkpoints`` (local or on an object store)."""
-    from .checkpoint import where
+    from .checkpoint import location_of
 
     if cfg.checkpoint_dir:
-        return where(cfg.checkpoint_dir)
+        return location_of(cfg.checkpoint_dir)
     out = location(cfg.output, output=True)
-    return where(out.sibling(f"{out.name}-checkpoints"))
+    return location_of(out.sibling(f"{out.name}-checkpoints"))
 
 
 def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
@@ -74,7 +74,16 @@ def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
     ck = checkpoint_dir(cfg)
     for loc in (final, ck):
         check_writable(location(loc))
+    if _overlap(final, ck):
+        raise ConfigError(f"invalid config value checkpoint_dir={cfg.checkpoint_dir!r}: it overlaps the output {final} "
+                          "(committing the output replaces that directory); use a directory of its own")
     return final, ck
+
+
+def _overlap(a: Location, b: Location) -> bool:
+    """``a`` and ``b`` are the same directory or one lies inside the other."""
+    x, y = a.path.rstrip("/") + "/", b.path.rstrip("/") + "/"
+    return a.scheme == b.scheme and (x.startswith(y) or y.startswith(x))
 
 
 def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
@@ -83,7 +92,7 @@ def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
     tried = []
     if source:
         s = location(source)
-        tried = [s.child("scaling.json"), s.sibling("scaling.json")]
+        tried = [s.child("scaling.json")] + ([] if s.is_bucket_root else [s.sibling("scaling.json")])
         for p in tried:
             if (Path(p.path).is_file() if p.is_local else exists(p)):
                 return str(p)
@@ -104,6 +113,9 @@ def make_plan(cfg: TrainConfig) -> dict:
     check_world(cfg.algorithm.name, cfg.algorithm.params, m)
     if cfg.launcher == "local" and m > 1 and cfg.device == "cuda":
         raise ConfigError("invalid config value device='cuda' with launcher=local and several workers: use torch")
+    if cfg.launcher == "local" and m == 1 and cfg.debug.fail_mode == "hang" and cfg.debug.fail_at_step:
+        raise ConfigError("invalid config value debug.fail_mode='hang' with launcher=local and one worker: it runs "
+                          "inside this process, without a watchdog to end it; use several workers or another launcher")
     features = features_for(cfg.model)
     for w in man.workers:
         check_columns(w.path, features)
@@ -378,6 +390,8 @@ def train(cfg: TrainConfig, spark=None) -> dict:
             return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(tmp), str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
+        if results[0].get("checkpoint"):
+            checkpoint.mark_finished(results[0]["checkpoint"])  # a later fresh start may delete it
         _check_staged(tmp, final)
         restart.record_restarts(tmp / "metrics.jsonl", restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)

@@ -191,7 +191,8 @@ class Worker:
         budget = None if ld.memory_budget_mb is None else int(ld.memory_budget_mb * (1 << 20))
         with ShardReader(self.shard.path, cfg.batch_size, self.plan.features, seed=seed,
                          shuffle_buffer=cfg.shuffle_buffer, scaling=self.scaling, device=self.device, mode=ld.mode,
-                         memory_budget=budget, decode_threads=ld.decode_threads, prefetch=ld.prefetch) as reader:
+                         memory_budget=budget, decode_threads=ld.decode_threads, prefetch=ld.prefetch,
+                         progress=self.beat) as reader:
             yield reader.batches(skip_batches=skip, limit_batches=limit)
 
     def progress(self, total: int, initial: int, desc: str):
