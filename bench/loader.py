@@ -1,4 +1,4 @@
-"""Benchmark of the training input path (pipeline.data.reader.ShardReader).
+"""Benchmark of the training input path (pipeline.data.shard_reader.ShardReader).
 
 For the HLF (14 floats), image (28x28 uint8) and LLF (801x19 floats) shards it prints, in one run:
 
@@ -114,8 +114,8 @@ def write_shard(out: Path, name: str, rows: int, seed: int = 0, tensors: bool = 
 # ----------------------------------------------------------------------------- measurements
 def bare_loader(path: Path, features: str, batch: int, mode: str, threads: int) -> tuple[float, float]:
     """(rows/s over one epoch, seconds of the one-time load before the epoch)."""
-    from pipeline.data.loader import MemoryShard
-    from pipeline.data.reader import ShardReader
+    from pipeline.data.engines import MemoryShard
+    from pipeline.data.shard_reader import ShardReader
 
     MemoryShard._cache.clear()
     t0 = time.perf_counter()
@@ -133,7 +133,7 @@ def petastorm_loader(path: Path, features: str, batch: int, max_rows: int) -> fl
     from petastorm import make_batch_reader
     from petastorm.pytorch import BatchedDataLoader
 
-    from pipeline.data.reader import FEATURE_COLUMNS
+    from pipeline.data.shard_reader import FEATURE_COLUMNS
     from pipeline.outputs import uri
 
     warnings.filterwarnings("ignore")
@@ -167,7 +167,7 @@ def _step(model, opt, inputs, y) -> None:
 
 
 def train_from_loader(path: Path, features: str, model_name: str, batch: int, steps: int, threads: int) -> float:
-    from pipeline.data.reader import ShardReader
+    from pipeline.data.shard_reader import ShardReader
 
     model, opt = _model(model_name)
     with ShardReader(str(path), batch, features, seed=2, decode_threads=threads) as r:
@@ -185,7 +185,7 @@ def train_from_memory(path: Path, features: str, model_name: str, batch: int, st
     """The same loop fed by batches gathered from resident, already transformed tensors."""
     import torch
 
-    from pipeline.data.reader import ShardReader
+    from pipeline.data.shard_reader import ShardReader
 
     with ShardReader(str(path), min(4096, batch * (steps + 3)), features, shuffle=False, mode="stream") as r:
         inputs, y = next(iter(r))               # up to 4,096 decoded rows, cycled
@@ -214,7 +214,7 @@ def layouts(root: Path, rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.data.loader import decode_column
+    from pipeline.data.parquet import decode_column
     from pipeline.shards.tensors import decode, encode
 
     rng = np.random.default_rng(0)
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
             if name == "hlf":
                 v = "meets" if mem >= 1e6 else "BELOW"
                 print(f"  HLF bare loader (memory mode) {mem / 1e6:.2f}M rows/s: {v} the 1M rows/s target")
-            from pipeline.data.loader import MemoryShard
+            from pipeline.data.engines import MemoryShard
             MemoryShard._cache.clear()
             shutil.rmtree(path)
         if a.layouts:

@@ -93,8 +93,14 @@ def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
 
 def make_plan(cfg: TrainConfig) -> dict:
     """Check inputs and compute what every worker follows (all integers known up front)."""
-    from ..data.reader import check_columns, label_count, load_manifest, probe_shape, shard_dir_exists
+    from ..data.shard_reader import check_columns, label_count, probe_shape
+    from ..extras import require
+    from ..shards.manifest import load_manifest, shard_dir_exists
 
+    if cfg.launcher == "horovod":
+        require("horovod")
+    if cfg.loader.engine == "petastorm":
+        require("petastorm")
     man = load_manifest(cfg.manifest)
     m = man.num_workers
     if cfg.workers is not None and cfg.workers != m:

@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.data.reader import ShardReader, epoch_seed, load_manifest, read_all
+from pipeline.data.shard_reader import ShardReader, epoch_seed, read_all
 from pipeline.errors import BadInputError
+from pipeline.shards.manifest import load_manifest
 from train_fixtures import mnist_digits, write_digit_shards
 
 
@@ -179,7 +180,7 @@ def test_auto_mode_follows_the_memory_budget(shards):
 
 
 def test_memory_mode_decodes_the_shard_once_per_process(shards):
-    from pipeline.data.loader import MemoryShard
+    from pipeline.data.engines import MemoryShard
 
     w = load_manifest(str(shards)).workers[0]
     with ShardReader(w.path, 32, "image", seed=1, mode="memory") as r:
@@ -215,7 +216,7 @@ def test_device_prefetcher_copies_on_a_background_thread_in_order():
     """The prefetch path (thread, queue, copies, error hand-over) with an injected device."""
     import threading
 
-    from pipeline.data.loader import DevicePrefetcher
+    from pipeline.data.prefetch import DevicePrefetcher
 
     producer = []
 
