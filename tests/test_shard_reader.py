@@ -271,3 +271,26 @@ def test_tensor_and_list_layouts_read_identically(spark, tmp_path):
     (x,), labels, ids = got["tensor", "memory"][0]
     i = int(ids[0])
     assert np.allclose(x[0, 0].numpy(), X[i].reshape(28, 28) / 255.0) and int(labels[0]) == int(y[i])
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_float_images_are_scaled_without_touching_the_engines_data(tmp_path, mode):
+    """The images stage stores pixels as float32 0..255 lists: scaling them must not write into
+    the engine's buffers (the cached shard of the memory mode, the window of the stream mode),
+    so reading the same shard again gives the same batches."""
+    X, y = mnist_digits()
+    d = tmp_path / "float-images"
+    d.mkdir()
+    n = 96
+    pq.write_table(pa.table({
+        "sample_id": np.arange(n, dtype=np.int64), "label": y[:n].astype(np.int64),
+        "image": pa.array(list(X[:n].astype(np.float32)), pa.list_(pa.float32())),
+        "height": np.full(n, 28, np.int32), "width": np.full(n, 28, np.int32), "channels": np.ones(n, np.int32)}),
+        d / "p.parquet", row_group_size=32)
+    reads = []
+    for _ in range(2):
+        with ShardReader(str(d), 16, "image", shuffle=False, mode=mode, with_ids=True) as r:
+            reads.append([(x[0], ids) for x, _, ids in r])
+    for (xa, ia), (xb, ib) in zip(*reads):
+        assert torch.equal(ia, ib) and torch.equal(xa, xb)
+        assert np.allclose(xa[:, 0].numpy(), X[ia.numpy()].reshape(-1, 28, 28) / 255.0)

@@ -96,7 +96,8 @@ def make_transform(features: str, scaling: Optional[dict] = None) -> Callable[[d
 
     def image(b):
         h, w, c = int(b["height"][0]), int(b["width"][0]), int(b["channels"][0])
-        x = b["image"].reshape(-1, h, w, c).permute(0, 3, 1, 2).float().div_(255.0)
+        # out of place: a float32 column's .float() is the engine's own buffer (the cached shard)
+        x = b["image"].reshape(-1, h, w, c).permute(0, 3, 1, 2).float() / 255.0
         return x.contiguous()
 
     def transform(b: dict) -> tuple:
@@ -142,7 +143,8 @@ class ShardReader:
     """Context manager yielding ``(inputs, labels)`` torch batches of one Parquet directory.
 
     ``engine``: ``native`` (default) or ``petastorm`` (Petastorm's ``make_batch_reader``,
-    :mod:`pipeline.data.petastorm_engine`; ``mode`` does not apply). Native ``mode``: ``memory``
+    :mod:`pipeline.data.petastorm_engine`; ``mode`` does not apply; ``engine_options``: its
+    settings, for benchmarks). Native ``mode``: ``memory``
     decodes the shard once per process and reshuffles it in memory every epoch; ``stream`` reads
     row groups in parallel with a bounded shuffle window; ``auto`` (the default) picks ``memory``
     when the decoded columns fit ``memory_budget`` bytes (default
@@ -158,7 +160,8 @@ class ShardReader:
     def __init__(self, path: str, batch_size: int, features: str, seed: int = 0, shuffle: bool = True,
                  shuffle_buffer: int = 2048, scaling: Optional[dict] = None, device: Any = None,
                  with_ids: bool = False, mode: str = "auto", memory_budget: Optional[int] = None,
-                 decode_threads: Optional[int] = None, prefetch: int = 2, engine: str = "native"):
+                 decode_threads: Optional[int] = None, prefetch: int = 2, engine: str = "native",
+                 engine_options: Optional[dict] = None):
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r}: expected {' or '.join(ENGINES)}")
         if mode not in ("auto", "memory", "stream"):
@@ -170,7 +173,7 @@ class ShardReader:
         self.seed, self.shuffle, self.shuffle_buffer = int(seed), shuffle, int(shuffle_buffer)
         self.transform = make_transform(features, scaling)
         self.device = device
-        self.engine = engine
+        self.engine, self.engine_options = engine, dict(engine_options or {})
         self.requested_mode, self.memory_budget = mode, memory_budget
         self.decode_threads, self.prefetch = decode_threads, int(prefetch)
         self.columns = FEATURE_COLUMNS[features] + (["sample_id"] if with_ids else [])
@@ -183,7 +186,7 @@ class ShardReader:
             from .petastorm_engine import PetastormShard
 
             self.mode = "petastorm"
-            self._engine = PetastormShard(self.path, self.columns, self.shuffle_buffer)
+            self._engine = PetastormShard(self.path, self.columns, self.shuffle_buffer, **self.engine_options)
             return self
         from .engines import MemoryShard, StreamShard, default_decode_threads, default_memory_budget
         from .parquet import decoded_bytes
