@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -40,6 +41,11 @@ from ..schemas import pad_length
 from ..shards.tensors import tensor_spec
 from .engines import window_batches
 from .parquet import parquet_files, read_parquet_schema
+# Petastorm 0.12 calls pyarrow's deprecated legacy dataset API on every reader and row group: one
+# warning per call in every worker's log, about Petastorm's own code
+for _category in (FutureWarning, DeprecationWarning):
+    warnings.filterwarnings("ignore", category=_category, module=r"petastorm(\.|$)")
+
 
 class PetastormShard:
     """One shard read through ``petastorm.make_batch_reader``; ``epoch`` as the native engines.
