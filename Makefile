@@ -16,7 +16,7 @@ setup: $(STAMP)
 services:
 	bash scripts/test_services.sh
 
-$(STAMP): requirements.txt requirements-airflow.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
+$(STAMP): requirements.txt requirements-airflow.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/venv.sh scripts/build_horovod.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -26,7 +26,7 @@ VENV_CURRENT  ?= .venv-current
 STAMP_CURRENT := $(VENV_CURRENT)/.setup-done
 setup-current: $(STAMP_CURRENT)
 
-$(STAMP_CURRENT): requirements-current.txt requirements-nodeps.txt pyproject.toml scripts/setup_current.sh
+$(STAMP_CURRENT): requirements-current.txt requirements-nodeps.txt pyproject.toml scripts/setup_current.sh scripts/venv.sh
 	VENV_CURRENT=$(VENV_CURRENT) bash scripts/setup_current.sh
 	touch $(STAMP_CURRENT)
 

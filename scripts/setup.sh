@@ -4,13 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating virtualenv $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+source scripts/venv.sh
 echo "[setup] installing the pinned stack (requirements.txt) ..."
 "$PY" -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-airflow.txt 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 # --no-deps: the Airflow Spark provider asks for pyspark-client (see requirements-nodeps.txt)

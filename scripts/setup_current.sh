@@ -5,13 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV_CURRENT:-.venv-current}
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup-current] creating virtualenv $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+source scripts/venv.sh
 quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 echo "[setup-current] installing the current stack (requirements-current.txt) ..."
 "$PY" -m pip install -q --disable-pip-version-check -r requirements-current.txt 2>&1 | quiet

@@ -23,6 +23,7 @@ pytest_plugins = ["train_fixtures"]
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.needs_horovod
 @pytest.mark.timeout(1800)
 def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path):
     out = tmp_path / "train"
