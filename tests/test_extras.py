@@ -45,3 +45,22 @@ def test_a_missing_horovod_is_one_line_naming_what_to_install(shards, tmp_path, 
     assert rc == 2 and len(err) == 1 and "launcher='horovod': horovod is not installed" in err[0], err
     assert "scripts/build_horovod.sh" in err[0]
 
+
+
+def test_no_module_imports_petastorm_or_horovod_at_import():
+    """Importing every module of the package (but the Petastorm filesystem adapter, whose job it is)
+    leaves Petastorm and Horovod unimported. In the current environment (pyarrow 26, which has no
+    ``pyarrow.filesystem`` any more) the same walk shows that no module needs the legacy API."""
+    import subprocess
+
+    code = """
+import importlib, pkgutil, sys
+import pipeline
+for m in pkgutil.walk_packages(pipeline.__path__, "pipeline."):
+    if m.name != "pipeline.data.petastorm_fs":
+        importlib.import_module(m.name)
+print(sorted(n for n in sys.modules if n.split(".")[0] in ("petastorm", "horovod")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
