@@ -128,6 +128,7 @@ def test_single_class_data_is_one_line_naming_the_manifest(tmp_path):
         make_plan(TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="local"))
 
 
+@pytest.mark.needs_horovod                 # the default launcher
 def test_dry_run_prints_the_plan(small_shards, capsys):
     assert train_main(["--manifest", str(small_shards), "--dry-run", "--epochs", "4", "--batch_size", "16"]) == 0
     out = json.loads(capsys.readouterr().out)

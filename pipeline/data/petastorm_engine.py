@@ -41,6 +41,7 @@ from ..schemas import pad_length
 from ..shards.tensors import tensor_spec
 from .engines import window_batches
 from .parquet import parquet_files, read_parquet_schema
+
 # Petastorm 0.12 calls pyarrow's deprecated legacy dataset API on every reader and row group: one
 # warning per call in every worker's log, about Petastorm's own code
 for _category in (FutureWarning, DeprecationWarning):

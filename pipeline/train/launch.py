@@ -97,10 +97,6 @@ def make_plan(cfg: TrainConfig) -> dict:
     from ..extras import require
     from ..shards.manifest import load_manifest, shard_dir_exists
 
-    if cfg.launcher == "horovod":
-        require("horovod")
-    if cfg.loader.engine == "petastorm":
-        require("petastorm")
     man = load_manifest(cfg.manifest)
     m = man.num_workers
     if cfg.workers is not None and cfg.workers != m:
@@ -137,6 +133,10 @@ def make_plan(cfg: TrainConfig) -> dict:
     if num_classes < 2:
         raise BadInputError(f"{man.path}: the shards and eval splits hold {num_classes} class label(s); "
                             "a classifier needs at least 2")
+    if cfg.launcher == "horovod":             # after the input checks: a bad input is named first
+        require("horovod")
+    if cfg.loader.engine == "petastorm":
+        require("petastorm")
     return _validated_plan(man.path, {
         "workers": m, "features": features, "num_classes": num_classes,
         "shape": probe_shape(man.workers[0].path, features), "copies": man.copies,
