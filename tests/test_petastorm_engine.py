@@ -152,6 +152,11 @@ def test_stopping_early_stops_petastorms_threads(tensor_shards):
         next(it)
         it.close()
     assert threading.active_count() == before
+    with ShardReader(w.path, 8, "image", seed=1, engine="petastorm") as r:
+        kept = r.batches()                     # still referenced after the block: closed by the reader
+        next(kept)
+        assert threading.active_count() > before
+    assert threading.active_count() == before
 
 
 def test_bad_shards_are_one_line_naming_the_file_and_column(tmp_path):

@@ -179,6 +179,7 @@ class ShardReader:
         self.columns = FEATURE_COLUMNS[features] + (["sample_id"] if with_ids else [])
         self.mode: Optional[str] = None
         self._engine = None
+        self._handed_out: list = []
 
     def __enter__(self) -> "ShardReader":
         check_columns(self.path, self.features, extra=self.columns)
@@ -204,6 +205,10 @@ class ShardReader:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Close every batch iterator handed out (their threads and Petastorm readers stop)."""
+        for it in self._handed_out:
+            it.close()
+        self._handed_out.clear()
         self._engine = None
 
     def _batches(self, skip: int, limit: Optional[int]) -> Iterator[tuple]:
@@ -221,7 +226,8 @@ class ShardReader:
         if device.type != "cpu" or self.engine == "petastorm":
             from .prefetch import DevicePrefetcher
 
-            return iter(DevicePrefetcher(it, device, depth=self.prefetch))
+            it = iter(DevicePrefetcher(it, device, depth=self.prefetch))
+        self._handed_out.append(it)
         return it
 
     def __iter__(self):
