@@ -24,7 +24,6 @@ Features (``image`` | ``hlf`` | ``llf`` | ``inclusive``):
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
