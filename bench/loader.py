@@ -280,6 +280,8 @@ def _where_the_time_goes(path: Path, features: str, batch: int, top: int = 12) -
     from pipeline.data.petastorm_engine import PetastormShard
     from pipeline.data.shard_reader import FEATURE_COLUMNS, make_transform
 
+    import petastorm  # noqa: F401 - its first import stays out of the profile
+
     shard = PetastormShard(str(path), FEATURE_COLUMNS[features], 2048, pool="dummy")
     transform = make_transform(features)
     prof = cProfile.Profile()
@@ -378,14 +380,15 @@ def _verdict(ratio: float, target: float) -> str:
     return f"ratio {ratio:.2f} ({'meets' if ratio >= target else 'BELOW'} the {target}x target)"
 
 
-def measure(root: Path, name: str, rows: int, steps: int, threads: int, repeats: int) -> None:
+def measure(root: Path, name: str, rows: int, steps: int, threads: int, repeats: int,
+            row_group: int = ROW_GROUP) -> None:
     """Bare read rates and the three training feeds of one data set (see the module docstring)."""
     from pipeline.data.engines import MemoryShard
 
     features, model, batch, target = SETS[name]
     t0 = time.perf_counter()
-    path = write_shard(root / name, name, rows)
-    print(f"\n== {name}: {rows:,} rows written in {time.perf_counter() - t0:.1f} s "
+    path = write_shard(root / name, name, rows, row_group=row_group)
+    print(f"\n== {name}: {rows:,} rows in row groups of {row_group:,} written in {time.perf_counter() - t0:.1f} s "
           f"({sum(f.stat().st_size for f in path.iterdir()) / 1e6:.0f} MB)")
     mem, load = bare_loader(path, features, batch, "memory", threads)
     stream, _ = bare_loader(path, features, batch, "stream", threads)
@@ -427,6 +430,8 @@ def main(argv=None) -> int:
     p.add_argument("--layouts", action="store_true", help="also compare the candidate feature layouts")
     p.add_argument("--threads", type=int, default=1, help="torch, Arrow and decoding threads")
     p.add_argument("--repeats", type=int, default=3, help="training measurements alternate this often (best kept)")
+    p.add_argument("--row-group", type=int, default=ROW_GROUP, help="rows per row group of the shards (the shard "
+                                                                  "stage's row_group_rows)")
     p.add_argument("--small", action="store_true", help="smoke run: 2,000 rows (LLF 300), 30 steps")
     p.add_argument("--workdir", default=None, help="where the shards are written (default: a temp dir)")
     a = p.parse_args(argv)
@@ -442,7 +447,7 @@ def main(argv=None) -> int:
     print(f"bench/loader: {a.rows:,} rows (LLF {a.llf_rows:,}), {a.threads} thread(s), data in {root}")
     try:
         for name in [s for s in a.only.split(",") if s]:
-            measure(root, name, a.llf_rows if name == "llf" else a.rows, a.steps, a.threads, a.repeats)
+            measure(root, name, a.llf_rows if name == "llf" else a.rows, a.steps, a.threads, a.repeats, a.row_group)
         if a.profile:
             profile(root, a.rows)
         if a.layouts:
