@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 SUBMIT  := $(VENV)/bin/spark-submit --master "local[*]" --driver-memory 4g \
            --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$(CURDIR)/configs/log4j2.properties"
 
-.PHONY: setup services run run-images run-hep test test-fast bench gpu-check contracts clean
+.PHONY: setup setup-current services run run-images run-hep test test-fast test-current bench gpu-check contracts clean
 
 setup: $(STAMP)
 
@@ -16,9 +16,19 @@ setup: $(STAMP)
 services:
 	bash scripts/test_services.sh
 
-$(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
+$(STAMP): requirements.txt requirements-airflow.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/venv.sh scripts/build_horovod.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
+
+## the current environment: .venv-current with requirements-current.txt (newest PySpark, pyarrow, numpy 2;
+## no Petastorm, no Horovod)
+VENV_CURRENT  ?= .venv-current
+STAMP_CURRENT := $(VENV_CURRENT)/.setup-done
+setup-current: $(STAMP_CURRENT)
+
+$(STAMP_CURRENT): requirements-current.txt requirements-nodeps.txt pyproject.toml scripts/setup_current.sh scripts/venv.sh
+	VENV_CURRENT=$(VENV_CURRENT) bash scripts/setup_current.sh
+	touch $(STAMP_CURRENT)
 
 ## make run: the main job (the HEP pipeline) end to end on local Spark
 run: run-hep
@@ -29,12 +39,17 @@ run-hep: setup
 run-images: setup
 	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml
 
-## make test: the whole suite (CI); make test-fast: without the slow, e2e and cluster tiers
+## make test: the whole suite (CI, design-card environment); make test-fast: without the slow, e2e and cluster tiers
 test: setup services
 	$(PY) -m pytest tests
 
 test-fast: setup services
 	$(PY) -m pytest tests -m "not slow and not e2e and not cluster"
+
+## make test-current: the current environment's fast tier (without needs_petastorm, needs_horovod) and the
+## HEP (launcher torch) and image (launcher local) pipelines end to end
+test-current: setup-current services
+	VENV_CURRENT=$(VENV_CURRENT) bash scripts/test_current.sh
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
-# One-time (idempotent) setup: virtualenv, pinned stack, Horovod build (cached), sample data.
+# The design-card environment (idempotent): virtualenv .venv, the pinned stack of requirements.txt with
+# Petastorm, the Horovod build (cached), sample data. The current environment: scripts/setup_current.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating virtualenv $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
-fi
-PY="$VENV/bin/python"
+source scripts/venv.sh
 echo "[setup] installing the pinned stack (requirements.txt) ..."
 "$PY" -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-airflow.txt 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-# --no-deps: the provider asks for pyspark-client, which would overwrite the full pyspark (see requirements-airflow.txt)
-"$PY" -m pip install -q --disable-pip-version-check --no-deps apache-airflow-providers-apache-spark==6.3.4 2>&1 | grep -v "is ignored" || true
+# --no-deps: the Airflow Spark provider asks for pyspark-client (see requirements-nodeps.txt)
+"$PY" -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt 2>&1 | grep -v "is ignored" || true
 "$PY" -c "import torch, pyspark, petastorm, uproot, awkward, airflow" || { echo "[setup] error: the stack did not install" >&2; exit 1; }
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
 bash scripts/build_horovod.sh "$PY" 2>&1 | grep -v "is ignored: it is neither" || true

@@ -16,9 +16,9 @@ from pipeline.train.schedule import lr_at
 pytest_plugins = ["train_fixtures"]
 
 
-@pytest.fixture(params=["horovod", "torch"])
-def ranks(request, horovod_checks, torch_checks):
-    return {"horovod": horovod_checks, "torch": torch_checks}[request.param]
+@pytest.fixture(params=[pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
+def ranks(request):
+    return request.getfixturevalue(f"{request.param}_checks")
 
 
 @pytest.mark.cluster

@@ -15,9 +15,9 @@ from pipeline.train.comm.fusion import HostStaging, make_buckets
 pytest_plugins = ["train_fixtures"]
 
 
-@pytest.fixture(params=["horovod", "torch"])
-def ranks(request, horovod_checks, torch_checks):
-    return {"horovod": horovod_checks, "torch": torch_checks}[request.param]
+@pytest.fixture(params=[pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
+def ranks(request):
+    return request.getfixturevalue(f"{request.param}_checks")
 
 
 @pytest.mark.cluster
@@ -40,6 +40,7 @@ def test_pairwise_exchange(ranks):
 
 
 @pytest.mark.cluster
+@pytest.mark.needs_horovod
 def test_backends_give_the_same_parameters(horovod_checks, torch_checks):
     h = np.array(horovod_checks[0]["seeded_run"]["params"])
     t = np.array(torch_checks[0]["seeded_run"]["params"])

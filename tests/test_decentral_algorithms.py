@@ -30,7 +30,7 @@ def horovod4_ring():
     return run_horovod_workers(algorithm_checks, 4, "ring")
 
 
-RUNS = ["torch4", "torch3_ring", "horovod4_ring"]
+RUNS = ["torch4", "torch3_ring", pytest.param("horovod4_ring", marks=pytest.mark.needs_horovod)]
 
 
 def _check_swarm(res, topology):

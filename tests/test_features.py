@@ -696,7 +696,7 @@ def test_llf_output_trains_the_particle_models_through_the_shards(spark, three_s
     padded LLF, and the training takes every step of its 2 epochs with a finite test loss."""
     import pyarrow.parquet as pq
 
-    from pipeline.data.loader import decode_table
+    from pipeline.data.parquet import decode_table
     from pipeline.features.stage import FeaturesConfig, build_features
     from pipeline.shards.materialize import ShardConfig, shard
     from pipeline.train.config import TrainConfig

@@ -133,8 +133,11 @@ def test_bad_object_store_targets_are_one_line_and_write_nothing(s3, case):
         assert _keys(f"s3://{s3.bucket}/denied") == []
 
 
+@pytest.mark.needs_petastorm
 def test_petastorm_reads_a_shard_from_the_object_store(s3_env):
     from petastorm import make_batch_reader
+
+    from pipeline.data.petastorm_fs import petastorm_filesystem
 
     uri = f"s3://{s3_env.bucket}/shards/worker_000"
     rows = np.arange(600, dtype=np.float32).reshape(-1, 1) + np.arange(14, dtype=np.float32)
@@ -142,7 +145,7 @@ def test_petastorm_reads_a_shard_from_the_object_store(s3_env):
         pq.write_table(pa.table({"sample_id": pa.array(np.arange(600)),
                                  "hlf": pa.array(list(rows), type=pa.list_(pa.float32()))}),
                        tmp / "part-0.parquet", row_group_size=100)
-    url, filesystem = fs.petastorm_filesystem(outputs.require_complete(uri))
+    url, filesystem = petastorm_filesystem(outputs.require_complete(uri))
     got = []
     with make_batch_reader(url, filesystem=filesystem, reader_pool_type="thread", workers_count=2,
                            num_epochs=1, shuffle_row_groups=False) as reader:

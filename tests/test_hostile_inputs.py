@@ -147,7 +147,7 @@ def test_broken_manifest_gives_one_line_naming_it(tmp_path, shards, capsys, vari
 @pytest.mark.parametrize("text", ['{"mean": [0.0, 1.0', "[]", '{"mean": [0, 0], "std": [1, 1]}', "",
                                   '{"hlf": {"mean": "x", "std": [1]}}'])
 def test_broken_scaling_json_gives_one_line_naming_it(tmp_path, text):
-    from pipeline.data.reader import load_scaling
+    from pipeline.data.shard_reader import load_scaling
     from pipeline.errors import BadInputError
 
     p = tmp_path / "scaling.json"

@@ -165,7 +165,7 @@ def _dry_run_inputs(name: str, request) -> list[str]:
     """``--set`` values pointing a job's dry run at inputs that exist."""
     if name == "train":
         return ["--set", f"manifest={request.getfixturevalue('tiny_shards') / 'manifest.json'}",
-                "--set", "batch_size=8"]
+                "--set", "batch_size=8", "--set", "launcher=local"]       # local: installed in both environments
     if name == "shard":
         return ["--set", f"input={request.getfixturevalue('tiny_shards').parent / 'dataset'}"]
     if name == "features":

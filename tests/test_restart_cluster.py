@@ -47,7 +47,7 @@ def _check_restart(run: dict, ref: dict, worker, from_step: int) -> None:
 
 
 @pytest.mark.timeout(600)  # about 60 s; a survivor blocked on its dead peer is ended after stall_timeout
-@pytest.mark.parametrize("launcher", ["horovod", "torch"])
+@pytest.mark.parametrize("launcher", [pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
 def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, tmp_path, launcher):
     man = _shards(tmp_path, 2)
     base = _base(man, launcher=launcher)
@@ -57,6 +57,7 @@ def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, t
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.needs_horovod
 def test_a_blocked_horovod_worker_is_ended_by_the_watchdog_and_the_run_relaunched(spark, tmp_path):
     """Rank 1 blocks for good after step 7 (a deadlock); rank 0 then waits in its next allreduce.
     Both watchdogs end their processes after stall_timeout, Horovod reports the failed launch,
@@ -81,7 +82,7 @@ def test_four_local_workers_one_killed(tmp_path):
     _check_restart(run, ref, 3, 3)
 
 
-@pytest.mark.parametrize("launcher", ["horovod", "torch"])
+@pytest.mark.parametrize("launcher", [pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
 def test_a_spark_launch_fails_at_once_without_enough_task_slots(spark, tmp_path, launcher):
     from pipeline.errors import ConfigError
 

@@ -15,10 +15,11 @@ import torch
 from jobs.shard import main as shard_main
 from jobs.train import main as train_main
 from pipeline import fs
-from pipeline.data.reader import ShardReader, count_rows, label_count, load_manifest, probe_shape
+from pipeline.data.shard_reader import ShardReader, count_rows, label_count, probe_shape
 from pipeline.errors import BadInputError, ConfigError
 from pipeline.outputs import COMPLETE_MARKER
 from pipeline.outputs import check_staging
+from pipeline.shards.manifest import load_manifest
 from pipeline.shards.materialize import ShardConfig, shard
 from servers import environment, s3_server
 from train_fixtures import mnist_digits
@@ -114,16 +115,18 @@ def test_loader_reads_a_worker_shard_in_place_with_read_only_credentials(s3, sha
     assert sorted(torch.cat([b[2] for b in remote]).tolist()) == sorted(t.column("sample_id").to_pylist())
 
 
+@pytest.mark.needs_petastorm
 def test_petastorm_reads_a_worker_shard_from_the_same_uri(s3, sharded):
     from petastorm import make_batch_reader
 
+    from pipeline.data.petastorm_fs import petastorm_filesystem
     from pipeline.outputs import require_complete
 
     local, uri = sharded["local"], sharded["uri"]
     got = []
     with environment(**s3.env("reader")):
         require_complete(uri, "shard directory")
-        url, filesystem = fs.petastorm_filesystem(fs.location(f"{uri}/worker_000"))
+        url, filesystem = petastorm_filesystem(fs.location(f"{uri}/worker_000"))
         with make_batch_reader(url, filesystem=filesystem, schema_fields=["sample_id", "label"],
                                reader_pool_type="thread", workers_count=2, num_epochs=1,
                                shuffle_row_groups=False) as reader:
@@ -201,7 +204,7 @@ def test_an_object_store_output_needs_the_driver_disk():
 
 
 def test_scaling_file_is_read_from_the_object_store(s3):
-    from pipeline.data.reader import load_scaling
+    from pipeline.data.shard_reader import load_scaling
     from pipeline.features.layout import N_HLF, N_LLF_FEATURES
     from pipeline.outputs import write_json
 

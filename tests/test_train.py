@@ -23,6 +23,7 @@ pytest_plugins = ["train_fixtures"]
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.needs_horovod
 @pytest.mark.timeout(1800)
 def test_two_worker_horovod_arsgd_on_real_digits(spark, digit_shards_2, tmp_path):
     out = tmp_path / "train"
@@ -127,6 +128,7 @@ def test_single_class_data_is_one_line_naming_the_manifest(tmp_path):
         make_plan(TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="local"))
 
 
+@pytest.mark.needs_horovod                 # the default launcher
 def test_dry_run_prints_the_plan(small_shards, capsys):
     assert train_main(["--manifest", str(small_shards), "--dry-run", "--epochs", "4", "--batch_size", "16"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -70,6 +70,7 @@ def standalone(tmp_path):
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.needs_horovod
 def test_two_worker_training_on_a_standalone_cluster_with_each_launcher(standalone, digit_shards_2, tmp_path):
     url, env = standalone
     params = {}

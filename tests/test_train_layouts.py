@@ -33,6 +33,7 @@ def _spark_submit(args: list[str], timeout: int = 1200) -> subprocess.CompletedP
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.needs_horovod
 def test_layouts_plan_the_same_samples_and_a_four_worker_run_follows_the_plan(spark, digits_dataset, tmp_path):
     from pipeline.train.config import TrainConfig
     from pipeline.train.launch import plan_train

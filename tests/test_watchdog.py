@@ -105,7 +105,7 @@ def test_a_worker_opening_a_slow_shard_beats_while_it_loads(tmp_path, mode, skip
     man = write_digit_shards(tmp_path / "shards", workers=1, n_train=256, n_test=32, n_val=32, row_group_rows=8)
     p, _ = _child(f"""
         import torch
-        import pipeline.data.loader as L
+        import pipeline.data.engines as L
         from pipeline.train.comm.local import LocalCommunicator
         from pipeline.train.config import TrainConfig
         from pipeline.train.launch import make_plan

@@ -55,7 +55,9 @@ def spark_type(t):
     if t in widen:
         return widen[t]
     if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(pa.field("element", spark_type(t.value_type), t.value_field.nullable))
+        # elements declared nullable (array<T> with containsNull): what PySpark 4.0 makes of any Arrow
+        # list, while 4.1+ keep the element's nullability; one DataFrame schema on both
+        return pa.list_(pa.field("element", spark_type(t.value_type), True))
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, spark_type(f.type), f.nullable) for f in t])
     return t
@@ -125,12 +127,17 @@ class RootDataSource(DataSource):
         return from_arrow_schema(_spark_arrow_schema(self.plan().schema))
 
     def reader(self, schema) -> "RootReader":
+        import pyarrow as pa
+
         plan = self.plan()
         names = [f.name for f in schema.fields]
         missing = [n for n in names if n not in plan.branches]
         if missing:
             raise BadInputError(f"{plan.files[0].path}: no branch {missing[0]!r} among the selected branches")
+        # the nullability Spark expects (a user schema's columns are nullable): PySpark 4.1+ compare it
+        nullable = {f.name: f.nullable for f in schema.fields}
         target = _spark_arrow_schema(plan.schema)
+        target = pa.schema([f.with_nullable(nullable.get(f.name, f.nullable)) for f in target])
         return RootReader([(c.path, c.tree, c.entry_start, c.entry_stop) for c in plan.chunks], names,
                           target)
 

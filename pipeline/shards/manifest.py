@@ -2,7 +2,7 @@
 
 ``manifest.json`` at the root of a shard directory is one :class:`ShardManifest`. The shard
 stage (:mod:`pipeline.shards.materialize`) builds it and writes it with :meth:`ShardManifest.write`;
-training reads it with :func:`load_manifest` (re-exported by :mod:`pipeline.data.reader`).
+training reads it with :func:`load_manifest`.
 Its JSON Schema is published as ``schemas/contracts/shard_manifest.json``
 (:mod:`pipeline.contracts`).
 """

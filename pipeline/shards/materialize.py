@@ -44,7 +44,7 @@ only when complete:
   directory, which is uploaded under a temporary prefix, moved into place and committed with the
   ``_COMPLETE`` marker that readers check (:func:`pipeline.shards.manifest.load_manifest`). The
   manifest then lists the worker and eval directories as ``s3://`` URIs, which training reads in
-  place (:mod:`pipeline.data.loader`).
+  place (:mod:`pipeline.data.parquet`).
 
 The writer tasks write with plain file I/O into the driver's staging directory, so they must share
 the driver's disk: true for a local master (``local[*]``, ``local-cluster[...]``), which is what

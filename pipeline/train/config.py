@@ -63,11 +63,15 @@ class TrackingConfig(BaseModel):
 
 
 class LoaderConfig(BaseModel):
-    """How a worker reads its shard (``pipeline.data.reader.ShardReader``)."""
+    """How a worker reads its shard (``pipeline.data.shard_reader.ShardReader``)."""
 
     model_config = ConfigDict(extra="forbid")
+    engine: Literal["native", "petastorm"] = Field(
+        "native", description="native: pyarrow engines (mode) | petastorm: Petastorm's make_batch_reader (needs the "
+                              "[petastorm] extra)")
     mode: Literal["auto", "memory", "stream"] = Field(
-        "auto", description="memory: decode the shard once, reshuffle in memory | stream | auto: memory when it fits")
+        "auto", description="native engine: memory: decode the shard once, reshuffle in memory | stream | auto: "
+                            "memory when it fits")
     memory_budget_mb: Optional[float] = Field(
         None, gt=0, description="auto mode: largest decoded shard kept in memory (default: a fraction of free memory)")
     decode_threads: Optional[int] = Field(None, gt=0, description="parallel decoding threads when streaming")

@@ -102,7 +102,9 @@ def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
 
 def make_plan(cfg: TrainConfig) -> dict:
     """Check inputs and compute what every worker follows (all integers known up front)."""
-    from ..data.reader import check_columns, label_count, load_manifest, probe_shape, shard_dir_exists
+    from ..data.shard_reader import check_columns, label_count, probe_shape
+    from ..extras import require
+    from ..shards.manifest import load_manifest, shard_dir_exists
 
     man = load_manifest(cfg.manifest)
     m = man.num_workers
@@ -143,6 +145,10 @@ def make_plan(cfg: TrainConfig) -> dict:
     if num_classes < 2:
         raise BadInputError(f"{man.path}: the shards and eval splits hold {num_classes} class label(s); "
                             "a classifier needs at least 2")
+    if cfg.launcher == "horovod":             # after the input checks: a bad input is named first
+        require("horovod")
+    if cfg.loader.engine == "petastorm":
+        require("petastorm")
     return _validated_plan(man.path, {
         "workers": m, "features": features, "num_classes": num_classes,
         "shape": probe_shape(man.workers[0].path, features), "copies": man.copies,

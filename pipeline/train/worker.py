@@ -118,8 +118,9 @@ class Worker:
                  watchdog=None) -> None:
         """``plan``: a :class:`~.plan.TrainingPlan` or its dict (validated here); ``watchdog``: a
         :class:`~.watchdog.Watchdog` told of each completed step, evaluation and checkpoint."""
-        from ..data.reader import load_manifest, load_scaling
+        from ..data.shard_reader import load_scaling
         from ..errors import BadInputError
+        from ..shards.manifest import load_manifest
         from .algorithms import BuildContext, build_algorithm
         from .algorithms.averaging import ModelAverager, bn_buffers
         from .models import build_model
@@ -184,7 +185,7 @@ class Worker:
     @contextmanager
     def batches(self, epoch: int, skip: int = 0, limit: Optional[int] = None) -> Iterator[Iterator]:
         """This worker's shard for ``epoch`` (seeded per worker and epoch): batches ``skip`` .. ``limit``."""
-        from ..data.reader import ShardReader, epoch_seed
+        from ..data.shard_reader import ShardReader, epoch_seed
 
         cfg, ld = self.cfg, self.cfg.loader
         seed = epoch_seed(cfg.seed, self.shard.seed, epoch)
@@ -192,7 +193,7 @@ class Worker:
         with ShardReader(self.shard.path, cfg.batch_size, self.plan.features, seed=seed,
                          shuffle_buffer=cfg.shuffle_buffer, scaling=self.scaling, device=self.device, mode=ld.mode,
                          memory_budget=budget, decode_threads=ld.decode_threads, prefetch=ld.prefetch,
-                         progress=self.beat) as reader:
+                         engine=ld.engine, progress=self.beat) as reader:
             yield reader.batches(skip_batches=skip, limit_batches=limit)
 
     def progress(self, total: int, initial: int, desc: str):
@@ -265,7 +266,7 @@ class Worker:
                             sum(p[2] for p in parts)), "consensus_distance": spread}
 
     def _score(self, path: str) -> tuple:
-        from ..data.reader import read_all
+        from ..data.shard_reader import read_all
 
         k = self.plan.num_classes
         probs, labels, loss_sum = [], [], 0.0

@@ -5,12 +5,14 @@ Used with ``with``::
     with ShardReader(path, batch_size=32, features="image", seed=epoch_seed(s, w, e)) as batches:
         for inputs, labels in batches: ...
 
-The batching engines (:mod:`pipeline.data.loader`): a shard that fits the memory budget is
-decoded once per process and reshuffled in memory every epoch; a larger one streams row groups
-decoded by a thread pool through a bounded shuffle window. Either way the batch sequence is a
-pure function of (data, seed) drawn from an isolated ``torch.Generator`` (the model's RNG stream
-is untouched), every row comes exactly once per epoch, and a resumed run replays an epoch up to
-its checkpoint by skipping batches. docs/loader.md has the measured throughput.
+Two engines (``engine``): ``native`` (:mod:`pipeline.data.engines`, the default): a shard that
+fits the memory budget is decoded once per process and reshuffled in memory every epoch; a larger
+one streams row groups decoded by a thread pool through a bounded shuffle window. ``petastorm``
+(:mod:`pipeline.data.petastorm_engine`): Petastorm's ``make_batch_reader`` reads the row groups on
+one reader thread, batched through the same shuffle window on a prefetch thread. Either way the
+batch sequence is a pure function of (data, seed) drawn from an isolated ``torch.Generator`` (the
+model's RNG stream is untouched), every row comes exactly once per epoch, and a resumed run replays
+an epoch up to its checkpoint by skipping batches. docs/loader.md has the measured throughput.
 
 Features (``image`` | ``hlf`` | ``llf`` | ``inclusive``):
 
@@ -22,7 +24,6 @@ Features (``image`` | ``hlf`` | ``llf`` | ``inclusive``):
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -30,7 +31,9 @@ import numpy as np
 from ..errors import BadInputError
 from ..features.layout import N_HLF, N_LLF_FEATURES, N_PARTICLES
 from ..fs import is_file, location
-from ..shards.manifest import ShardManifest, WorkerShard, load_manifest, shard_dir_exists  # noqa: F401 - the reader's manifest API
+
+#: the loader's engines (``loader.engine``)
+ENGINES = ("native", "petastorm")
 FEATURE_COLUMNS = {
     "image": ["image", "height", "width", "channels", "label"],
     "hlf": ["hlf", "label"],
@@ -92,7 +95,8 @@ def make_transform(features: str, scaling: Optional[dict] = None) -> Callable[[d
 
     def image(b):
         h, w, c = int(b["height"][0]), int(b["width"][0]), int(b["channels"][0])
-        x = b["image"].reshape(-1, h, w, c).permute(0, 3, 1, 2).float().div_(255.0)
+        # out of place: a float32 column's .float() is the engine's own buffer (the cached shard)
+        x = b["image"].reshape(-1, h, w, c).permute(0, 3, 1, 2).float() / 255.0
         return x.contiguous()
 
     def transform(b: dict) -> tuple:
@@ -116,7 +120,7 @@ def check_columns(path: str, features: str, extra: Sequence[str] = ()) -> None:
     column the model needs (or one of ``extra``) or has a non-integer label."""
     import pyarrow as pa
 
-    from .loader import parquet_files, read_parquet_schema
+    from .parquet import parquet_files, read_parquet_schema
 
     for f in parquet_files(path):
         try:
@@ -137,24 +141,29 @@ def check_columns(path: str, features: str, extra: Sequence[str] = ()) -> None:
 class ShardReader:
     """Context manager yielding ``(inputs, labels)`` torch batches of one Parquet directory.
 
-    ``mode``: ``memory`` decodes the shard once per process and reshuffles it in memory every
-    epoch; ``stream`` reads row groups in parallel with a bounded shuffle window; ``auto`` (the
-    default) picks ``memory`` when the decoded columns fit ``memory_budget`` bytes (default
-    :func:`~pipeline.data.loader.default_memory_budget`). ``shuffle=False`` reads in file
+    ``engine``: ``native`` (default) or ``petastorm`` (Petastorm's ``make_batch_reader``,
+    :mod:`pipeline.data.petastorm_engine`; ``mode`` does not apply; ``engine_options``: its
+    settings, for benchmarks). Native ``mode``: ``memory``
+    decodes the shard once per process and reshuffles it in memory every epoch; ``stream`` reads
+    row groups in parallel with a bounded shuffle window; ``auto`` (the default) picks ``memory``
+    when the decoded columns fit ``memory_budget`` bytes (default
+    :func:`~pipeline.data.engines.default_memory_budget`). ``shuffle=False`` reads in file
     order (evaluation). ``with_ids=True`` yields ``(inputs, labels, sample_ids)``.
     ``limit_batches`` stops early and ``skip_batches`` drops the first batches (resuming
     mid-epoch); both keep the stream's content identical to an uninterrupted read with the same
     seed. ``progress()`` is called after each decoded row group (a worker's watchdog beat: opening
-    a large shard, or skipping into it, is progress). A non-CPU ``device`` gets its batches through a
-    :class:`~pipeline.data.loader.DevicePrefetcher` (background thread, pinned memory,
-    non-blocking copies).
+    a large shard, or skipping into it, is progress). A non-CPU ``device``, and the Petastorm engine
+    on any device, get their batches through a :class:`~pipeline.data.prefetch.DevicePrefetcher`
+    (background thread; on CUDA pinned memory and non-blocking copies).
     """
 
     def __init__(self, path: str, batch_size: int, features: str, seed: int = 0, shuffle: bool = True,
                  shuffle_buffer: int = 2048, scaling: Optional[dict] = None, device: Any = None,
                  with_ids: bool = False, mode: str = "auto", memory_budget: Optional[int] = None,
-                 decode_threads: Optional[int] = None, prefetch: int = 2,
-                 progress: Optional[Callable[[], None]] = None):
+                 decode_threads: Optional[int] = None, prefetch: int = 2, engine: str = "native",
+                 engine_options: Optional[dict] = None, progress: Optional[Callable[[], None]] = None):
+        if engine not in ENGINES:
+            raise ValueError(f"engine={engine!r}: expected {' or '.join(ENGINES)}")
         if mode not in ("auto", "memory", "stream"):
             raise ValueError(f"mode={mode!r}: expected auto, memory or stream")
         if int(batch_size) < 1:
@@ -164,17 +173,26 @@ class ShardReader:
         self.seed, self.shuffle, self.shuffle_buffer = int(seed), shuffle, int(shuffle_buffer)
         self.transform = make_transform(features, scaling)
         self.device = device
+        self.engine, self.engine_options = engine, dict(engine_options or {})
         self.requested_mode, self.memory_budget = mode, memory_budget
         self.decode_threads, self.prefetch = decode_threads, int(prefetch)
         self.progress = progress
         self.columns = FEATURE_COLUMNS[features] + (["sample_id"] if with_ids else [])
         self.mode: Optional[str] = None
         self._engine = None
+        self._handed_out: list = []
 
     def __enter__(self) -> "ShardReader":
-        from .loader import MemoryShard, StreamShard, decoded_bytes, default_decode_threads, default_memory_budget
-
         check_columns(self.path, self.features, extra=self.columns)
+        if self.engine == "petastorm":
+            from .petastorm_engine import PetastormShard
+
+            self.mode = "petastorm"
+            self._engine = PetastormShard(self.path, self.columns, self.shuffle_buffer, **self.engine_options)
+            return self
+        from .engines import MemoryShard, StreamShard, default_decode_threads, default_memory_budget
+        from .parquet import decoded_bytes
+
         mode = self.requested_mode
         if mode == "auto":
             budget = self.memory_budget if self.memory_budget is not None else default_memory_budget()
@@ -188,6 +206,10 @@ class ShardReader:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Close every batch iterator handed out (their threads and Petastorm readers stop)."""
+        for it in self._handed_out:
+            it.close()
+        self._handed_out.clear()
         self._engine = None
 
     def _batches(self, skip: int, limit: Optional[int]) -> Iterator[tuple]:
@@ -199,13 +221,14 @@ class ShardReader:
         if self._engine is None:
             raise RuntimeError("ShardReader.batches() outside its `with` block")
         it = self._batches(int(skip_batches), limit_batches)
-        if self.device is not None:
-            import torch
+        import torch
 
-            if torch.device(self.device).type != "cpu":
-                from .loader import DevicePrefetcher
+        device = torch.device(self.device if self.device is not None else "cpu")
+        if device.type != "cpu" or self.engine == "petastorm":
+            from .prefetch import DevicePrefetcher
 
-                return iter(DevicePrefetcher(it, self.device, depth=self.prefetch))
+            it = iter(DevicePrefetcher(it, device, depth=self.prefetch))
+        self._handed_out.append(it)
         return it
 
     def __iter__(self):
@@ -231,14 +254,14 @@ def read_all(path: str, features: str, scaling: Optional[dict] = None, batch_siz
 
 
 def count_rows(path: str) -> int:
-    from .loader import open_parquet, parquet_files
+    from .parquet import open_parquet, parquet_files
 
     return sum(open_parquet(f).metadata.num_rows for f in parquet_files(path))
 
 
 def probe_shape(path: str, features: str) -> dict:
     """Input shape facts the model builder needs (image H/W/C, number of classes is separate)."""
-    from .loader import open_parquet, parquet_files
+    from .parquet import open_parquet, parquet_files
 
     files = parquet_files(path)
     if features != "image":
@@ -252,7 +275,7 @@ def label_count(paths: Sequence[str]) -> int:
     """1 + the largest label found in the given directories (number of classes)."""
     import pyarrow.compute as pc
 
-    from .loader import parquet_files, read_parquet_table
+    from .parquet import parquet_files, read_parquet_table
 
     mx = 0
     for path in paths:

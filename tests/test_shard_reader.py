@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.data.reader import ShardReader, epoch_seed, load_manifest, read_all
+from pipeline.data.shard_reader import ShardReader, epoch_seed, read_all
 from pipeline.errors import BadInputError
+from pipeline.shards.manifest import load_manifest
 from train_fixtures import mnist_digits, write_digit_shards
 
 
@@ -179,7 +180,7 @@ def test_auto_mode_follows_the_memory_budget(shards):
 
 
 def test_memory_mode_decodes_the_shard_once_per_process(shards):
-    from pipeline.data.loader import MemoryShard
+    from pipeline.data.engines import MemoryShard
 
     w = load_manifest(str(shards)).workers[0]
     with ShardReader(w.path, 32, "image", seed=1, mode="memory") as r:
@@ -215,7 +216,7 @@ def test_device_prefetcher_copies_on_a_background_thread_in_order():
     """The prefetch path (thread, queue, copies, error hand-over) with an injected device."""
     import threading
 
-    from pipeline.data.loader import DevicePrefetcher
+    from pipeline.data.prefetch import DevicePrefetcher
 
     producer = []
 
@@ -270,3 +271,26 @@ def test_tensor_and_list_layouts_read_identically(spark, tmp_path):
     (x,), labels, ids = got["tensor", "memory"][0]
     i = int(ids[0])
     assert np.allclose(x[0, 0].numpy(), X[i].reshape(28, 28) / 255.0) and int(labels[0]) == int(y[i])
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_float_images_are_scaled_without_touching_the_engines_data(tmp_path, mode):
+    """The images stage stores pixels as float32 0..255 lists: scaling them must not write into
+    the engine's buffers (the cached shard of the memory mode, the window of the stream mode),
+    so reading the same shard again gives the same batches."""
+    X, y = mnist_digits()
+    d = tmp_path / "float-images"
+    d.mkdir()
+    n = 96
+    pq.write_table(pa.table({
+        "sample_id": np.arange(n, dtype=np.int64), "label": y[:n].astype(np.int64),
+        "image": pa.array(list(X[:n].astype(np.float32)), pa.list_(pa.float32())),
+        "height": np.full(n, 28, np.int32), "width": np.full(n, 28, np.int32), "channels": np.ones(n, np.int32)}),
+        d / "p.parquet", row_group_size=32)
+    reads = []
+    for _ in range(2):
+        with ShardReader(str(d), 16, "image", shuffle=False, mode=mode, with_ids=True) as r:
+            reads.append([(x[0], ids) for x, _, ids in r])
+    for (xa, ia), (xb, ib) in zip(*reads):
+        assert torch.equal(ia, ib) and torch.equal(xa, xb)
+        assert np.allclose(xa[:, 0].numpy(), X[ia.numpy()].reshape(-1, 28, 28) / 255.0)
