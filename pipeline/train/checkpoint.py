@@ -54,7 +54,9 @@ META = "meta.json"
 _STEP_DIR = re.compile(r"step_(\d{8})")
 FINGERPRINT_FIELDS = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
                       "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps",
-                      "loader")  # the loader mode can change the batch order
+                      "loader",  # the loader mode can change the batch order
+                      "batch_rule", "lars_eta", "init", "warmup_optimizer", "warmup_lr", "lr_decay_at",
+                      "lr_decay_factor", "augment")
 
 
 class CorruptCheckpoint(Exception):
