@@ -392,3 +392,38 @@ def test_hep_data_stages_chain_through_the_cache(tmp_path):
         assert {"real_delphes", "real_features"}.isdisjoint(stage_configs(plan.config(cell, 0), "hep", p))
     assert len(layouts) == 4  # one per worker count; the events, ingestion and features are shared
     assert not root.exists()
+
+
+def test_a_baseline_per_group_pairs_each_cell_with_its_own(tmp_path, capsys):
+    """A baseline selection that matches several cells gives each cell the baseline that shares
+    its other factor values (E3.2.4 compares S_H = 8 with S_H in {2, 1} at each L_W)."""
+    from pipeline.config import build_config
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.spec import StudyConfig
+
+    doc = tiny_study(tmp_path, factors={"grid": {"train.lr": [0.003, 0.03], "train.batch_size": [16, 32, 64]}},
+                     baseline={"train.batch_size": 32})
+    plan = plan_study(build_config(StudyConfig, doc))
+    by_name = {c.name: plan.baselines[c.key].name for c in plan.cells}
+    assert by_name["lr=0.003, batch_size=16"] == "lr=0.003, batch_size=32"
+    assert by_name["lr=0.03, batch_size=64"] == "lr=0.03, batch_size=32"
+    assert by_name["lr=0.03, batch_size=32"] == "lr=0.03, batch_size=32"
+    cfg = write_yaml(tmp_path / "g.yaml", doc)
+    assert experiment.main(["--config", str(cfg), "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)["plan"]
+    assert dry["baseline"] == ["lr=0.003, batch_size=32", "lr=0.03, batch_size=32"]
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss")
+def test_statistics_against_a_baseline_per_cell():
+    from pipeline.studies.stats import cell_stats
+
+    df = pd.DataFrame({"cell": ["a1"] * 3 + ["b1"] * 3 + ["a2"] * 3 + ["b2"] * 3,
+                       "m": [0.5, 0.6, 0.7, 0.9, 0.8, 0.85, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4]})
+    s = cell_stats(df, ["m"], {"a1": "a1", "b1": "a1", "a2": "a2", "b2": "a2"}).set_index("cell")
+    assert s.loc["b2", "p_value"] == pytest.approx(
+        sps.ttest_ind([0.3, 0.35, 0.4], [0.1, 0.2, 0.25], equal_var=False).pvalue)
+    assert s.loc["b1", "p_value"] == pytest.approx(
+        sps.ttest_ind([0.9, 0.8, 0.85], [0.5, 0.6, 0.7], equal_var=False).pvalue)
+    assert bool(s.loc["a2", "baseline"]) and math.isnan(s.loc["a2", "p_value"])
+    assert s.loc["b2", "baseline_cell"] == "a2"

@@ -178,7 +178,7 @@ def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path, remote: Remote
 
     rdir = run_dir(out, cell, seed)
     row: dict = {"study": plan.spec.name, "cell": cell.name, "cell_key": cell.key, "seed": seed,
-                 "baseline": cell.key == plan.baseline.key}
+                 "baseline": plan.is_baseline(cell)}
     row.update({k: v for k, v in cell.factors.items()})
     row.update(run_metrics(rdir / "train", plan.spec.target_accuracy))
     row["run_dir"] = str(remote.at(run_key(cell, seed))) if remote else str(rdir)
@@ -217,7 +217,7 @@ class _Tracker:
 
         uri = store_uri(spec.tracking.uri, out / "mlruns")
         params = {"workflow": spec.workflow, "base": spec.base or "", "seeds": plan.seeds,
-                  "cells": len(plan.cells), "baseline": plan.baseline.name, "metrics": spec.metrics,
+                  "cells": len(plan.cells), "baseline": _baseline_names(plan), "metrics": spec.metrics,
                   "target_accuracy": spec.target_accuracy, "factors": list(plan.cells[0].factors)}
         self.parent = ParentRun(uri, spec.tracking.experiment or spec.name, spec.name, out / "mlflow_study.json",
                                 params, {"pipeline.study": spec.name, "pipeline.output": str(out)})
@@ -337,10 +337,11 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
     spec = plan.spec
     df = results_frame(rows)
     _write_parquet(df, out / "results.parquet")
-    stats = cell_stats(df, spec.metrics, plan.baseline.name)
+    stats = cell_stats(df, spec.metrics, {c.name: plan.baselines[c.key].name for c in plan.cells})
     _write_parquet(stats, out / "stats.parquet")
     plots = write_plots(plan, df, out) if spec.plots else []
-    cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds)} for c in plan.cells]
+    cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds),
+              "baseline": plan.baselines[c.key].name} for c in plan.cells]
     have = set(zip(df["cell"], df["seed"]))
     missing = [f"{c.name} seed {s}" for c, s in plan.runs if (c.name, s) not in have]
     intro = _intro(plan) + ([f"- runs missing (failed, see their error.txt): {'; '.join(missing)}"] if missing else [])
@@ -360,7 +361,8 @@ def _intro(plan: StudyPlan) -> list[str]:
     lines += [f"- workflow: {spec.workflow}, base: {spec.base or '(defaults)'}, "
               f"fixed: {json.dumps(spec.fixed, default=str)}",
               f"- seeds: {plan.seeds} (into {', '.join(spec.seed_keys)})",
-              f"- baseline cell: {plan.baseline.name}",
+              f"- baseline cell{'s' if len(plan.baseline_cells) > 1 else ''}: "
+              f"{'; '.join(c.name for c in plan.baseline_cells)}",
               "- statistics over seeds: mean ± sample std, 95% CI of the mean (Student's t), two-sided "
               "Welch's t-test p-value against the baseline cell"]
     if spec.target_accuracy is not None:
@@ -394,11 +396,18 @@ def speedup_groups(plan: StudyPlan, df) -> dict:
     return groups
 
 
+def _baseline_names(plan: StudyPlan):
+    """The baseline cell's name, or the list of names when each group has its own."""
+    names = [c.name for c in plan.baseline_cells]
+    return names[0] if len(names) == 1 else names
+
+
 def plan_summary(plan: StudyPlan) -> dict:
     spec = plan.spec
     return {"study": spec.name, "workflow": spec.workflow, "seeds": plan.seeds,
-            "baseline": plan.baseline.name, "metrics": spec.metrics, "target_accuracy": spec.target_accuracy,
-            "cells": [{"name": c.name, "key": c.key, "factors": c.factors, "overrides": c.overrides}
+            "baseline": _baseline_names(plan), "metrics": spec.metrics, "target_accuracy": spec.target_accuracy,
+            "cells": [{"name": c.name, "key": c.key, "factors": c.factors, "overrides": c.overrides,
+                       "baseline": plan.baselines[c.key].name}
                       for c in plan.cells], "runs": len(plan.runs)}
 
 
