@@ -170,7 +170,8 @@ class StudyPlan:
         return self.configs[(cell.key, seed)]
 
 
-def _build(cls, data: dict, where: str):
+def build_run_config(cls, data: dict, where: str):
+    """``cls`` (a workflow's run config) from ``data``; a bad key or value is a ConfigError prefixed by ``where``."""
     try:
         return build_config(cls, data)
     except PipelineError as e:
@@ -181,7 +182,7 @@ def resolve_run(spec: StudyConfig, base: dict, cell: Cell, seed: int, where: Opt
     """The workflow run config of one cell and seed (ConfigError naming the cell on bad input)."""
     cls = RUN_CONFIGS[spec.workflow]
     seeds = {k: seed for k in spec.seed_keys}
-    cfg = _build(cls, apply_overrides(base, {**cell.overrides, **seeds}),
+    cfg = build_run_config(cls, apply_overrides(base, {**cell.overrides, **seeds}),
                  where or f"study {spec.name}: cell {cell.name!r} seed {seed}")
     shard = cfg.shard.model_copy(update={"workers": cfg.workers})
     try:
@@ -192,17 +193,22 @@ def resolve_run(spec: StudyConfig, base: dict, cell: Cell, seed: int, where: Opt
 
 
 def plan_study(spec: StudyConfig) -> StudyPlan:
-    """Expand and validate the whole study; raises ConfigError naming the first bad item."""
+    """Expand and validate the whole study (its tiny version when ``spec.tiny``); raises ConfigError
+    naming the first bad item."""
+    if spec.tiny:
+        from .tiny import shrink
+
+        spec = shrink(spec)
     cls = RUN_CONFIGS[spec.workflow]
     base = base_data(spec.base, spec.fixed)
-    _build(cls, base, f"study {spec.name}: base {spec.base or '(defaults)'} + fixed")
+    build_run_config(cls, base, f"study {spec.name}: base {spec.base or '(defaults)'} + fixed")
     for k in spec.seed_keys:
-        _build(cls, apply_overrides(base, {k: 0}), f"study {spec.name}: seed_keys {k!r}")
+        build_run_config(cls, apply_overrides(base, {k: 0}), f"study {spec.name}: seed_keys {k!r}")
     for k, vals in spec.factors.grid.items():  # each factor value alone: the error names the factor
         for v in vals:
-            _build(cls, apply_overrides(base, {k: v}), f"study {spec.name}: factor {k}={_fmt(v)}")
+            build_run_config(cls, apply_overrides(base, {k: v}), f"study {spec.name}: factor {k}={_fmt(v)}")
     for var in spec.factors.variants:
-        _build(cls, apply_overrides(base, var.set), f"study {spec.name}: variant {var.name!r}")
+        build_run_config(cls, apply_overrides(base, var.set), f"study {spec.name}: variant {var.name!r}")
     if spec.target_accuracy is None:
         need = [m for m in spec.metrics if m in TARGET_METRICS]
         if need:

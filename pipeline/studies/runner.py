@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PipelineError
-from ..fs import Location, check_writable, location
-from ..outputs import local_path, read_json, write_json
-from .publish import RemoteOutput
+from ..fs import Location
+from ..outputs import read_json, write_json
 from .grid import Cell, StudyPlan, digest, plan_study
+from .publish import RemoteOutput
 from .spec import METRICS, StudyConfig
+from .workspace import data_root_of, open_workspace, parent_run, target_of, work_folder
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,12 @@ STAGE_OUT = {"simulate": "simulated", "ingest": "events", "features": "features"
 
 def study_target(spec: StudyConfig) -> Location:
     """Where the study's results go: a local directory or an object-store prefix."""
-    return location(spec.output or f"runs/studies/{spec.name}", output=True)
+    return target_of(spec.output, f"runs/studies/{spec.name}")
 
 
 def study_dir(spec: StudyConfig) -> Path:
     """The local directory the study works in (its output, or ``work_dir`` for an object-store output)."""
-    t = study_target(spec)
-    return Path(t.path) if t.is_local else local_path(spec.work_dir or f"runs/studies/{spec.name}")
+    return work_folder(spec.output, spec.work_dir, f"runs/studies/{spec.name}")
 
 
 def _stage_fns(workflow: str) -> list[tuple[str, str, Callable]]:
@@ -209,19 +209,12 @@ class _Tracker:
     """MLflow for a study, or nothing when tracking is disabled."""
 
     def __init__(self, plan: StudyPlan, out: Path):
-        self.parent = None
         spec = plan.spec
-        if not spec.tracking.enabled:
-            return
-        from .tracking import ParentRun, store_uri
-
-        uri = store_uri(spec.tracking.uri, out / "mlruns")
         params = {"workflow": spec.workflow, "base": spec.base or "", "seeds": plan.seeds,
                   "cells": len(plan.cells), "baseline": _baseline_names(plan), "metrics": spec.metrics,
                   "target_accuracy": spec.target_accuracy, "factors": list(plan.cells[0].factors)}
-        self.parent = ParentRun(uri, spec.tracking.experiment or spec.name, spec.name, out / "mlflow_study.json",
-                                params, {"pipeline.study": spec.name, "pipeline.output": str(out)})
-        self.uri = uri
+        self.parent, self.uri = parent_run(spec.tracking, out, spec.name, "mlflow_study.json", params,
+                                           {"pipeline.study": spec.name})
 
     def child(self, plan: StudyPlan, cell: Cell, seed: int, out: Path, row: dict) -> None:
         if self.parent is None:
@@ -294,16 +287,8 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
 
     t0 = time.time()
     plan = plan_study(spec)
-    if spec.tracking.enabled and spec.tracking.uri:
-        from .tracking import client
-
-        client(spec.tracking.uri)  # a bad tracking URI fails here, before anything is written
-    target, out = study_target(spec), study_dir(spec)
-    remote = None if target.is_local else RemoteOutput(target)
-    if remote:
-        check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
-    data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
-    out.mkdir(parents=True, exist_ok=True)
+    ws = open_workspace(spec.output, spec.work_dir, spec.data_dir, f"runs/studies/{spec.name}", spec.tracking)
+    target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root
     write_json(out / "study.json", plan_summary(plan))
     tracker = _Tracker(plan, out)
     spark = spark or get_spark(spec.spark)
@@ -320,7 +305,7 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
     summary = {"study": spec.name, "output": str(target), "runs": len(plan.runs), "trained": trained,
                "skipped": skipped, "failed": [(c, s, m) for c, s, _, m in done["failed"]],
                "seconds": round(time.time() - t0, 1), "results": str(target.child("results.parquet")),
-               "report": str(target.child("report.md")), "mlflow": getattr(tracker, "uri", None),
+               "report": str(target.child("report.md")), "mlflow": tracker.uri,
                "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
     print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
           f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {summary['report']}", flush=True)
@@ -414,8 +399,7 @@ def plan_summary(plan: StudyPlan) -> dict:
 def dry_run(spec: StudyConfig) -> dict:
     """``--dry-run``: the cells, runs and distinct data stages, without starting anything."""
     plan = plan_study(spec)
-    out = study_dir(spec)
-    data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
+    data_root = data_root_of(spec.data_dir, study_dir(spec))
     stages: dict[str, str] = {}
     for cell, seed in plan.runs:
         _, todo = data_paths(plan.config(cell, seed), spec.workflow, data_root)

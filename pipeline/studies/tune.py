@@ -45,12 +45,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..fs import Location, check_writable, exists, location
-from ..outputs import local_path, write_json
-from .publish import RemoteOutput
+from ..fs import Location, exists
+from ..outputs import write_json
 from ..train.config import TrackingConfig
-from .grid import RUN_CONFIGS, _build, apply_overrides, base_data
+from .grid import RUN_CONFIGS, apply_overrides, base_data, build_run_config
+from .publish import RemoteOutput
 from .spec import METRICS
+from .workspace import open_workspace, parent_run, target_of, work_folder
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +155,12 @@ class TuneConfig(StageConfig):
 
 
 def tune_target(cfg: TuneConfig) -> Location:
-    return location(cfg.output or f"runs/tune/{cfg.name}", output=True)
+    return target_of(cfg.output, f"runs/tune/{cfg.name}")
 
 
 def tune_dir(cfg: TuneConfig) -> Path:
     """The local directory the search works in (its output, or ``work_dir`` for an object-store output)."""
-    t = tune_target(cfg)
-    return Path(t.path) if t.is_local else local_path(cfg.work_dir or f"runs/tune/{cfg.name}")
+    return work_folder(cfg.output, cfg.work_dir, f"runs/tune/{cfg.name}")
 
 
 _TRIAL_FILES = ("train_config.json", "train/summary.json", "train/metrics.jsonl", "mlflow_run.json")
@@ -194,7 +194,7 @@ def _base(cfg: TuneConfig) -> dict:
 
 
 def trial_config(cfg: TuneConfig, base: dict, params: dict, where: str):
-    return _build(RUN_CONFIGS[cfg.workflow], apply_overrides(base, params), where)
+    return build_run_config(RUN_CONFIGS[cfg.workflow], apply_overrides(base, params), where)
 
 
 def check_tune(cfg: TuneConfig) -> dict:
@@ -306,18 +306,10 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
 
     t0 = time.time()
     base = check_tune(cfg)
-    if cfg.tracking.enabled and cfg.tracking.uri:
-        from .tracking import client
-
-        client(cfg.tracking.uri)  # a bad tracking URI fails here, before anything is written
-    target, out = tune_target(cfg), tune_dir(cfg)
-    remote = None if target.is_local else RemoteOutput(target)
-    if remote:
-        check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
-    out.mkdir(parents=True, exist_ok=True)
+    ws = open_workspace(cfg.output, cfg.work_dir, cfg.data_dir, f"runs/tune/{cfg.name}", cfg.tracking)
+    target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root
     if remote:
         _fetch_search(remote, out)
-    data_root = local_path(cfg.data_dir) if cfg.data_dir else out / "data"
     grid = grid_space(cfg) if cfg.sampler == "grid" else None
     total = n_trials(cfg, grid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -434,17 +426,11 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[Remot
 
 class _TuneTracker:
     def __init__(self, cfg: TuneConfig, out: Path):
-        self.parent = None
-        if not cfg.tracking.enabled:
-            return
-        from .tracking import ParentRun, store_uri
-
-        uri = store_uri(cfg.tracking.uri, out / "mlruns")
         params = {"workflow": cfg.workflow, "base": cfg.base or "", "sampler": cfg.sampler, "trials": cfg.trials,
                   "parallel": cfg.parallel, "objective": f"{cfg.direction} {cfg.objective}",
                   "space": {k: v.model_dump(exclude_none=True) for k, v in cfg.space.items()}}
-        self.parent = ParentRun(uri, cfg.tracking.experiment or cfg.name, cfg.name, out / "mlflow_tune.json",
-                                params, {"pipeline.tune": cfg.name, "pipeline.output": str(out)})
+        self.parent, self.uri = parent_run(cfg.tracking, out, cfg.name, "mlflow_tune.json", params,
+                                           {"pipeline.tune": cfg.name})
 
     def trial(self, t, train_cfg, row: dict, tdir: Path) -> None:
         if self.parent is None:
