@@ -29,6 +29,19 @@ def _cfg(**kw) -> ImagesIngestConfig:
     return build_config(ImagesIngestConfig, kw)
 
 
+def _write_idx(src: Path, imgs, labels, train: int, test: int) -> Path:
+    """gzipped idx files in the MNIST / Fashion-MNIST layout: the first ``train`` images as train-*,
+    the next ``test`` as t10k-*."""
+    src.mkdir()
+    for prefix, sl in (("train", slice(0, train)), ("t10k", slice(train, train + test))):
+        im, lab = imgs[sl], labels[sl]
+        with gzip.open(src / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">IIII", 0x0803, len(im), 28, 28) + im.tobytes())
+        with gzip.open(src / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">II", 0x0801, len(lab)) + lab.astype(np.uint8).tobytes())
+    return src
+
+
 @pytest.fixture(scope="module")
 def digits(mnist_csv):
     return _real_digits(mnist_csv, 300)
@@ -70,14 +83,7 @@ def test_split_is_seeded(spark, tmp_path):
 
 def test_mnist_idx_format(spark, tmp_path, digits):
     imgs, labels = digits
-    src = tmp_path / "idx"
-    src.mkdir()
-    for prefix, sl in (("train", slice(0, 200)), ("t10k", slice(200, 300))):
-        im, lab = imgs[sl], labels[sl]
-        with gzip.open(src / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
-            f.write(struct.pack(">IIII", 0x0803, len(im), 28, 28) + im.tobytes())
-        with gzip.open(src / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-            f.write(struct.pack(">II", 0x0801, len(lab)) + lab.astype(np.uint8).tobytes())
+    src = _write_idx(tmp_path / "idx", imgs, labels, train=200, test=100)
     out = tmp_path / "out"
     s = ingest_images(_cfg(source="mnist_idx", input=str(src), output=str(out), records_per_part=64), spark)
     t = _read(out)
@@ -268,14 +274,7 @@ def test_fashion_mnist_source_reads_the_packaged_idx_files(spark, tmp_path, digi
     """source=fashion_mnist reads idx files (default: the Debian package's directory; here a
     directory in its layout), the t10k files are the source's test split."""
     imgs, labels = digits
-    src = tmp_path / "fashion-mnist"
-    src.mkdir()
-    for prefix, sl in (("train", slice(0, 120)), ("t10k", slice(120, 150))):
-        im, lab = imgs[sl], labels[sl]
-        with gzip.open(src / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
-            f.write(struct.pack(">IIII", 0x0803, len(im), 28, 28) + im.tobytes())
-        with gzip.open(src / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-            f.write(struct.pack(">II", 0x0801, len(lab)) + lab.astype(np.uint8).tobytes())
+    src = _write_idx(tmp_path / "fashion-mnist", imgs, labels, train=120, test=30)
     out = tmp_path / "out"
     s = ingest_images(_cfg(source="fashion_mnist", input=str(src), output=str(out)), spark)
     assert s["rows"] == 150 and s["counts"]["test"] == 30 and s["source"] == "fashion_mnist"

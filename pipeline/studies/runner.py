@@ -20,13 +20,16 @@ finished when its ``train/summary.json`` exists (training writes its output atom
 study resumes where it stopped.
 
 An ``s3://`` output (an S3-compatible object store, :mod:`pipeline.fs`): the study works in a
-local directory (``work_dir``, default ``runs/studies/<name>``: the run staging, the data cache
-unless ``data_dir``, the MLflow file store unless ``tracking.uri``) and publishes to the prefix:
-each finished run directory is committed with :func:`pipeline.outputs.atomic_output_dir`
-(``runs/<cell>/seed_<s>/`` + ``_COMPLETE``) as soon as it ends, ``study.json``, the Parquet
-files, the plots and ``report.md`` (last) are one PUT each. A rerun takes a run as finished when
-its prefix on the store carries ``_COMPLETE`` and the same ``run.json``; it reads that run's
-results back from the store, so a study resumes from the store alone.
+local directory (``work_dir``, default ``runs/studies/<name>``: the run configs and result files
+read back, the data cache unless ``data_dir``, the MLflow file store unless ``tracking.uri``) and
+publishes to the prefix. Each run's training writes its output to
+``runs/<cell>/seed_<s>/train/`` on the store itself, committed with ``_COMPLETE`` (so its ranks may
+run on any node); the driver reads back ``summary.json`` and ``metrics.jsonl`` and PUTs the run's
+``mlflow_run.json`` and, last, ``run.json``. ``study.json``, the Parquet files, the plots and
+``report.md`` (last) are one PUT each. A rerun takes a run as finished when its ``train/`` carries
+``_COMPLETE`` and its ``run.json`` holds the same config; it reads that run's results back from the
+store, so a study resumes from the store alone. On a cluster whose workers share no disk with the
+driver, ``data_dir`` goes on the store too (:mod:`.workspace`).
 """
 from __future__ import annotations
 
@@ -38,12 +41,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PipelineError
-from ..fs import Location
+from ..fs import Location, delete_tree, exists
 from ..outputs import read_json, write_json
 from .grid import Cell, StudyPlan, digest, plan_study
 from .publish import RemoteOutput
 from .spec import METRICS, StudyConfig
-from .workspace import data_root_of, open_workspace, parent_run, target_of, work_folder
+from .workspace import StorePath, data_root_of, is_complete, open_workspace, parent_run, target_of, work_folder
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ def prepare_data(run_cfg, workflow: str, data_root: Path, spark) -> dict:
     fns = {name: fn for name, _, fn in _stage_fns(workflow)}
     p, todo = data_paths(run_cfg, workflow, data_root)
     for name, cfg, out in todo:
-        if out.is_dir():
+        if is_complete(out):
             continue
         log.info("study: %s -> %s", name, out)
         fns[name](cfg, spark)
@@ -130,19 +133,19 @@ def run_dir(out: Path, cell: Cell, seed: int) -> Path:
     return out / run_key(cell, seed)
 
 
-#: what a finished run's results are read back from, on an object store (model.pt stays there)
-RESULT_FILES = ("run.json", "train/summary.json", "train/metrics.jsonl")
+#: what the driver reads back of a run whose training wrote to the store (model.pt stays there)
+RESULT_FILES = ("train/summary.json", "train/metrics.jsonl")
 
 
 def fetch_finished(remote: RemoteOutput, cell: Cell, seed: int, rdir: Path, run_cfg) -> bool:
-    """A run committed on the store with the same config: its result files (and its MLflow
-    marker) are copied into ``rdir``, replacing what was there."""
+    """A run finished on the store (its training output committed, its ``run.json``, written last,
+    holding the same config): its result files (and its MLflow marker) are copied into ``rdir``."""
     key = run_key(cell, seed)
-    if not remote.committed(key) or \
+    if not remote.committed(f"{key}/train") or not exists(remote.at(f"{key}/run.json")) or \
             read_json(str(remote.at(f"{key}/run.json"))).get("config") != _run_fingerprint(run_cfg):
         return False
     shutil.rmtree(rdir, ignore_errors=True)
-    remote.fetch([f"{key}/{f}" for f in RESULT_FILES], rdir.parents[2])
+    remote.fetch([f"{key}/{f}" for f in ("run.json", *RESULT_FILES)], rdir.parents[2])
     remote.fetch([f"{key}/mlflow_run.json"], rdir.parents[2], optional=True)
     return True
 
@@ -153,23 +156,31 @@ def is_finished(rdir: Path, run_cfg) -> bool:
             and read_json(f).get("config") == _run_fingerprint(run_cfg))
 
 
-def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path, spark) -> dict:
-    """Prepare the data of one run (cached) and train it; returns the training summary."""
+def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, spark,
+              remote: RemoteOutput | None = None) -> dict:
+    """Prepare the data of one run (cached) and train it; returns the training summary. With a store
+    target the training writes its output there itself (wherever its ranks run) and the driver reads
+    back the result files."""
     from ..train.checkpoint import remove as remove_checkpoints
     from ..train.launch import checkpoint_dir, train
 
     spec = plan.spec
     run_cfg = plan.config(cell, seed)
     rdir = run_dir(out, cell, seed)
+    key = run_key(cell, seed)
     p = prepare_data(run_cfg, spec.workflow, data_root, spark)
-    p["train"] = rdir / "train"
+    p["train"] = StorePath(str(remote.at(key))) / "train" if remote else rdir / "train"
     train_cfg = stage_configs(run_cfg, spec.workflow, p)["train"]
     if rdir.exists():
         shutil.rmtree(rdir)  # an unfinished or outdated run starts again from scratch
+    if remote:
+        delete_tree(remote.at(key))
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
                                    "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
     summary = train(train_cfg, spark)
     remove_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
+    if remote:
+        remote.fetch([f"{key}/{f}" for f in RESULT_FILES], rdir.parents[2])
     return summary
 
 
@@ -239,7 +250,7 @@ class _Tracker:
             self.parent.finish(artifacts, status=status)
 
 
-def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote: RemoteOutput | None = None) -> dict:
+def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: RemoteOutput | None = None) -> dict:
     """Every run in order: skip the finished ones, train the others; a failed run is recorded and
     the study goes on (its error is in ``<run>/error.txt``). With an object-store output, finished
     runs are read back from the store and each new one is published when it ends."""
@@ -255,7 +266,7 @@ def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote
             t1 = time.time()
             tracker.discard(out, cell, seed)
             try:
-                s = train_one(plan, cell, seed, out, data_root, spark)
+                s = train_one(plan, cell, seed, out, data_root, spark, remote)
             except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
                 msg = " ".join(str(e).split())[:500] or type(e).__name__
                 done["failed"].append((cell.name, seed, e, msg))
@@ -269,8 +280,8 @@ def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote
             log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
         done["rows"].append(result_row(plan, cell, seed, out, remote))
         tracker.child(plan, cell, seed, out, done["rows"][-1])
-        if remote and (cell.name, seed) in done["trained"]:
-            remote.commit_dir(run_key(cell, seed), rdir)
+        if remote and (cell.name, seed) in done["trained"]:  # run.json last: the run counts as finished
+            remote.put_files(out, [f for f in (rdir / "mlflow_run.json", rdir / "run.json") if f.is_file()])
     return done
 
 

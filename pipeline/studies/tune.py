@@ -26,11 +26,15 @@ Keys are keys of the workflow's run config, like a study's factors. Output (``ou
 
 An ``s3://`` output: the search works in a local directory (``work_dir``, default
 ``runs/tune/<name>``; the data cache unless ``data_dir``, the MLflow file store unless
-``tracking.uri``) and publishes to the prefix (:mod:`pipeline.studies.publish`): after every round
-each trial directory is committed with ``_COMPLETE`` and the journal is PUT; at the end
+``tracking.uri``) and publishes to the prefix (:mod:`pipeline.studies.publish`). Each trial's task
+writes its training output to ``trials/trial_<n>/train/`` on the store itself (committed with
+``_COMPLETE``), so a trial runs on any executor; its ``summary.json`` and ``metrics.jsonl`` come back
+to the driver in the task's result row, never through the executor's disk. After every round the
+driver PUTs each trial's ``train_config.json`` and ``mlflow_run.json`` and the journal; at the end
 ``trials.parquet``, ``best.json`` and ``best_train.yaml`` (its ``output`` is ``<prefix>/best/train``).
 A rerun whose working directory has no journal reads the journal and the trials back from the
-store and continues the same search.
+store and continues the same search. On a cluster whose workers share no disk with the driver,
+``data_dir`` goes on the store too (:mod:`.workspace`).
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ from ..train.config import TrackingConfig
 from .grid import RUN_CONFIGS, apply_overrides, base_data, build_run_config
 from .publish import RemoteOutput
 from .spec import METRICS
-from .workspace import open_workspace, parent_run, target_of, work_folder
+from .workspace import StorePath, open_workspace, parent_run, target_of, work_folder
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +168,8 @@ def tune_dir(cfg: TuneConfig) -> Path:
 
 
 _TRIAL_FILES = ("train_config.json", "train/summary.json", "train/metrics.jsonl", "mlflow_run.json")
+#: what a trial's task sends back to the driver: its training output's result files
+_RESULT_FILES = {"summary": "summary.json", "metrics": "metrics.jsonl"}
 
 
 def _fetch_search(remote: RemoteOutput, out: Path) -> None:
@@ -176,16 +182,16 @@ def _fetch_search(remote: RemoteOutput, out: Path) -> None:
     for name in optuna.study.get_all_study_names(_storage(out)):
         for t in optuna.load_study(study_name=name, storage=_storage(out)).get_trials(deepcopy=False):
             key = f"trials/trial_{t.number}"
-            if remote.committed(key):
+            if remote.committed(f"{key}/train"):
                 remote.fetch([f"{key}/{f}" for f in _TRIAL_FILES], out, optional=True)
 
 
 def _publish_round(remote: Optional[RemoteOutput], out: Path, numbers: list[int]) -> None:
     if remote is None:
         return
-    for n in numbers:
-        if (out / "trials" / f"trial_{n}").is_dir():
-            remote.commit_dir(f"trials/trial_{n}", out / "trials" / f"trial_{n}")
+    for n in numbers:  # the trial's train/ is on the store already, written by its task
+        tdir = out / "trials" / f"trial_{n}"
+        remote.put_files(out, [f for f in (tdir / "train_config.json", tdir / "mlflow_run.json") if f.is_file()])
     remote.put_files(out, [out / "optuna.journal"])
 
 
@@ -245,35 +251,42 @@ def make_sampler(cfg: TuneConfig, grid: Optional[dict], resumed: int = 0):
 
 # ------------------------------------------------------------------------- trials on Spark
 def _run_trials_task(batches):
-    """mapInArrow body: train each trial of its partition; one result row per trial."""
+    """mapInArrow body: train each trial of its partition (its output goes where its config says:
+    the store, or a local or shared path); one result row per trial, carrying the result files."""
     import pyarrow as pa
 
+    from ..fs import location, read_bytes
     from ..train.config import TrainConfig
     from ..train.launch import train
 
+    schema = pa.schema([("trial", pa.int64()), ("error", pa.string()), ("started", pa.float64()),
+                        ("finished", pa.float64()), *((k, pa.string()) for k in _RESULT_FILES)])
     for batch in batches:
         for row in batch.to_pylist():
             t0 = time.time()
-            err = None
+            err, files = None, {}
             try:
-                train(TrainConfig.model_validate_json(row["config"]))
+                cfg = TrainConfig.model_validate_json(row["config"])
+                train(cfg)
+                out = location(cfg.output, output=True)
+                files = {k: read_bytes(out.child(name)).decode() for k, name in _RESULT_FILES.items()}
             except Exception as e:  # noqa: BLE001 - reported to the driver, the other trials go on
                 err = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}"
             yield pa.RecordBatch.from_pylist(
-                [{"trial": row["trial"], "error": err, "started": t0, "finished": time.time()}],
-                schema=pa.schema([("trial", pa.int64()), ("error", pa.string()), ("started", pa.float64()),
-                                  ("finished", pa.float64())]))
+                [{"trial": row["trial"], "error": err, "started": t0, "finished": time.time(), **files}],
+                schema=schema)
 
 
 def run_trials_on_spark(spark, trials: list[tuple[int, str]]) -> dict[int, dict]:
     """Train ``(trial number, TrainConfig JSON)`` pairs, one Spark task each; trial -> {error, started,
-    finished} (epoch seconds of the task's training)."""
+    finished (epoch seconds of the task's training), summary, metrics (the result files' text)}."""
     from ..spark import spark_task, task_frame
 
     df = task_frame(spark, trials, "trial long, config string")
-    out = df.mapInArrow(spark_task(_run_trials_task),
-                        "trial long, error string, started double, finished double").collect()
-    return {r["trial"]: {"error": r["error"], "started": r["started"], "finished": r["finished"]} for r in out}
+    ddl = "trial long, error string, started double, finished double, " + \
+        ", ".join(f"{k} string" for k in _RESULT_FILES)
+    out = df.mapInArrow(spark_task(_run_trials_task), ddl).collect()
+    return {r["trial"]: {k: r[k] for k in ("error", "started", "finished", *_RESULT_FILES)} for r in out}
 
 
 # ------------------------------------------------------------------------- the search
@@ -327,9 +340,10 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
             for t in asked:
                 run_cfg = trial_config(cfg, base, t.params, f"tune {cfg.name}: trial {t.number}")
                 p = prepare_data(run_cfg, cfg.workflow, data_root, spark)
-                p["train"] = out / "trials" / f"trial_{t.number}" / "train"
+                key = f"trials/trial_{t.number}"
+                p["train"] = StorePath(str(remote.at(key))) / "train" if remote else out / key / "train"
                 configs[t.number] = stage_configs(run_cfg, cfg.workflow, p)["train"]
-                write_json(p["train"].parent / "train_config.json", configs[t.number].model_dump(mode="json"))
+                write_json(out / key / "train_config.json", configs[t.number].model_dump(mode="json"))
                 batch.append((t.number, configs[t.number].model_dump_json()))
             log.info("tune %s: trials %s of %d on Spark", cfg.name, ", ".join(str(t.number) for t in asked), total)
             res = run_trials_on_spark(spark, batch)
@@ -374,6 +388,10 @@ def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracke
 
     tdir = out / "trials" / f"trial_{t.number}" / "train"
     remove_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
+    if res.get("error") is None and res.get("summary") is not None and not (tdir / "summary.json").is_file():
+        tdir.mkdir(parents=True, exist_ok=True)  # the results came back with the task's row
+        for k, name in _RESULT_FILES.items():
+            (tdir / name).write_text(res[k])
     for k in ("started", "finished"):
         if res.get(k) is not None:
             t.set_user_attr(f"task_{k}", res[k])

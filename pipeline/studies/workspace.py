@@ -4,7 +4,9 @@
   ``runs/<kind>/<name>``), checked writable before any work when it is on a store;
 * the **work folder**: the target itself when it is local, else ``work_dir`` (default
   ``runs/<kind>/<name>``) on the driver's disk;
-* the **data cache**: ``data_dir``, default ``<work folder>/data``;
+* the **data cache**: ``data_dir``, default ``<work folder>/data``; on a cluster whose workers share no
+  disk with the driver it must be where every node reaches (``s3://...``, a shared mount), since the
+  data stages' tasks write there and the training tasks read from there;
 * **publishing**: a :class:`~.publish.RemoteOutput` for a store target (None for a local one);
 * **tracking**: the MLflow parent run (None when tracking is off); a configured tracking URI is
   checked before anything is written.
@@ -15,16 +17,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..fs import Location, check_writable, location
-from ..outputs import local_path
+from ..fs import Location, check_writable, exists, location
+from ..outputs import COMPLETE_MARKER, local_path
 from .publish import RemoteOutput
+
+
+class StorePath(str):
+    """An object-store URI that joins like a ``Path`` (``/``), so the workflows' stage wiring builds
+    store paths as it builds local ones."""
+
+    def __truediv__(self, part) -> "StorePath":
+        return StorePath(f"{self.rstrip('/')}/{part}")
+
+    @property
+    def name(self) -> str:
+        return self.rstrip("/").rsplit("/", 1)[-1]
+
+
+def store_or_local(path: str):
+    """A local ``Path`` or a :class:`StorePath` for an object-store URI."""
+    loc = location(path, output=True)
+    return Path(loc.path) if loc.is_local else StorePath(str(loc))
+
+
+def is_complete(path) -> bool:
+    """Whether a stage's output exists: a local directory, or a store prefix with its ``_COMPLETE``."""
+    return path.is_dir() if isinstance(path, Path) else exists(location(str(path)).child(COMPLETE_MARKER))
 
 
 @dataclass
 class Workspace:
     target: Location                   # where the results go
     out: Path                          # the local work folder
-    data_root: Path                    # the cache of datasets and shards
+    data_root: object                  # the cache of datasets and shards: a Path or a StorePath
     remote: Optional[RemoteOutput]     # publishing to a store target (None: local)
 
 
@@ -37,8 +62,12 @@ def work_folder(output: Optional[str], work_dir: Optional[str], default: str) ->
     return Path(t.path) if t.is_local else local_path(work_dir or default)
 
 
-def data_root_of(data_dir: Optional[str], out: Path) -> Path:
-    return local_path(data_dir) if data_dir else out / "data"
+def data_root_of(data_dir: Optional[str], out: Path):
+    """``data_dir`` (a local Path, or a StorePath on an object store), default ``<out>/data``."""
+    if not data_dir:
+        return out / "data"
+    root = store_or_local(data_dir)
+    return local_path(data_dir) if isinstance(root, Path) else root
 
 
 def open_workspace(output: Optional[str], work_dir: Optional[str], data_dir: Optional[str], default: str,

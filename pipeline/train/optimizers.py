@@ -22,6 +22,14 @@ from __future__ import annotations
 import torch
 
 
+def _closure_loss(closure):
+    """torch's optimizer convention: re-evaluate the loss with gradients enabled when given a closure."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class LARS(torch.optim.Optimizer):
     """SGD with momentum and a layer-wise trust ratio (see the module docstring)."""
 
@@ -33,10 +41,7 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, m, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
             for p in group["params"]:
@@ -73,10 +78,7 @@ class GDThenAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             adam_t = group["steps_done"] - group["switch_step"] + 1  # 1-based Adam step, <= 0 while warming up
