@@ -280,8 +280,9 @@ def _run_trials_task(batches):
 def run_trials_on_spark(spark, trials: list[tuple[int, str]]) -> dict[int, dict]:
     """Train ``(trial number, TrainConfig JSON)`` pairs, one Spark task each; trial -> {error, started,
     finished (epoch seconds of the task's training), summary, metrics (the result files' text)}."""
-    from ..spark import spark_task, task_frame
+    from ..spark import forward_s3_settings, spark_task, task_frame
 
+    forward_s3_settings(spark)  # trials read their shards from, and write their output to, s3:// themselves
     df = task_frame(spark, trials, "trial long, config string")
     ddl = "trial long, error string, started double, finished double, " + \
         ", ".join(f"{k} string" for k in _RESULT_FILES)
