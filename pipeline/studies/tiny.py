@@ -1,8 +1,10 @@
 """A study at a tiny size (``tiny: true`` in the study file, or ``--set tiny=true``): the same cells'
 configs on little data for a few steps, to check that a study runs end to end before its real run.
 
-What shrinks: one seed; the first two values of each grid factor and the first two variants (the
-baseline selection keeps matching: shipped studies list their baseline first); training stops after
+What shrinks: one seed; two cells (the first two variants with each grid factor's first value, or,
+without variants or with both, the first two values of the first grid factor, the first value of the
+others and the first variant; shipped studies list their baseline first, so the baseline selection
+keeps matching); training stops after
 ``TRAIN["max_steps"]`` steps and validates every ``TRAIN["eval_every"]``; image studies ingest the first
 ``IMAGES["ingest.limit"]`` records (Fashion-MNIST: its 10,000 test images, then 10,000 training images);
 HEP studies generate ``HEP["events_per_class"]`` events per class and train with a batch of
@@ -22,6 +24,9 @@ HEP: dict[str, Any] = {"events_per_class": 300, "train.batch_size": 8}
 def shrink(spec):
     """The tiny version of a StudyConfig (see the module docstring); ``spec`` itself is unchanged."""
     f = spec.factors
-    factors = f.model_copy(update={"grid": {k: v[:2] for k, v in f.grid.items()}, "variants": f.variants[:2]})
+    keys = list(f.grid)
+    first_two = bool(keys) and len(f.grid[keys[0]]) > 1
+    grid = {k: v[:2] if (i == 0 and first_two) else v[:1] for i, (k, v) in enumerate(f.grid.items())}
+    factors = f.model_copy(update={"grid": grid, "variants": f.variants[:1] if first_two else f.variants[:2]})
     fixed = {**spec.fixed, **TRAIN, **(IMAGES if spec.workflow == "images" else HEP)}
     return spec.model_copy(update={"factors": factors, "fixed": fixed, "seeds": spec.seed_list()[:1], "tiny": False})
