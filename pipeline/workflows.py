@@ -121,6 +121,13 @@ def _hep_paths(root: Path) -> dict:
             "real_features": root / "real" / "features", "shards": root / "shards", "train": root / "train"}
 
 
+def _feature_dataset(model: str) -> str:
+    """The feature stage's dataset a model's shards are cut from: hlf/, or llf/ (whose rows also hold the HLF)."""
+    from .train.config import features_for
+
+    return "hlf" if features_for(model) == "hlf" else "llf"
+
+
 def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
     """Every stage's config for one HEP run, with paths derived from ``output_root``."""
     from .features.delphes import REQUIRED_BRANCHES
@@ -138,7 +145,8 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
                                                   "tree": "Delphes", "output": str(p["events"])}),
         "features": build_config(FeaturesConfig, {**cfg.features, "input": str(p["events"]), "samples": samples,
                                                   "output": str(p["features"])}),
-        "shard": cfg.shard.model_copy(update={"input": str(p["features"] / "hlf"), "output": str(p["shards"]),
+        "shard": cfg.shard.model_copy(update={"input": str(p["features"] / _feature_dataset(cfg.train.model)),
+                                              "output": str(p["shards"]),
                                               "workers": cfg.workers}),
         "train": cfg.train.model_copy(update={"manifest": str(p["shards"] / "manifest.json"),
                                               "output": str(p["train"]), "workers": cfg.workers,

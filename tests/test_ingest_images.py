@@ -29,6 +29,19 @@ def _cfg(**kw) -> ImagesIngestConfig:
     return build_config(ImagesIngestConfig, kw)
 
 
+def _write_idx(src: Path, imgs, labels, train: int, test: int) -> Path:
+    """gzipped idx files in the MNIST / Fashion-MNIST layout: the first ``train`` images as train-*,
+    the next ``test`` as t10k-*."""
+    src.mkdir()
+    for prefix, sl in (("train", slice(0, train)), ("t10k", slice(train, train + test))):
+        im, lab = imgs[sl], labels[sl]
+        with gzip.open(src / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">IIII", 0x0803, len(im), 28, 28) + im.tobytes())
+        with gzip.open(src / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">II", 0x0801, len(lab)) + lab.astype(np.uint8).tobytes())
+    return src
+
+
 @pytest.fixture(scope="module")
 def digits(mnist_csv):
     return _real_digits(mnist_csv, 300)
@@ -70,14 +83,7 @@ def test_split_is_seeded(spark, tmp_path):
 
 def test_mnist_idx_format(spark, tmp_path, digits):
     imgs, labels = digits
-    src = tmp_path / "idx"
-    src.mkdir()
-    for prefix, sl in (("train", slice(0, 200)), ("t10k", slice(200, 300))):
-        im, lab = imgs[sl], labels[sl]
-        with gzip.open(src / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
-            f.write(struct.pack(">IIII", 0x0803, len(im), 28, 28) + im.tobytes())
-        with gzip.open(src / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-            f.write(struct.pack(">II", 0x0801, len(lab)) + lab.astype(np.uint8).tobytes())
+    src = _write_idx(tmp_path / "idx", imgs, labels, train=200, test=100)
     out = tmp_path / "out"
     s = ingest_images(_cfg(source="mnist_idx", input=str(src), output=str(out), records_per_part=64), spark)
     t = _read(out)
@@ -209,3 +215,79 @@ def test_wrong_schema_is_named(tmp_path):
                              "split": ["train"]}), bad / "x.parquet")
     with pytest.raises(BadInputError, match="column 'label' has type string"):
         validate(parquet_schema(bad), load_schema("images"), str(bad))
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: unpickling it with pickle.load would run the command."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (self.command,)
+
+
+def test_cifar_batch_whose_pickle_runs_code_is_refused(spark, tmp_path, digits, capsys):
+    """A CIFAR batch is unpickled with a restricted unpickler that admits only the arrays, lists and
+    bytes of the format: a planted batch whose pickle calls os.system fails with one line naming
+    the file, and the command never ran."""
+    imgs, labels = digits
+    src = tmp_path / "cifar"
+    src.mkdir()
+    marker = tmp_path / "code-ran"
+    planes = np.zeros((4, 3072), np.uint8)
+    with open(src / "data_batch_1", "wb") as f:
+        pickle.dump({b"data": planes, b"labels": [0, 1, 2, 3], b"hook": _RunsCode(f"touch {marker}")}, f)
+    out = tmp_path / "out"
+    code, err = _run_job(["--source", "cifar10", "--input", str(src), "--output", str(out)], capsys)
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("error: unreadable input") and str(src / "data_batch_1") in err[0]
+    assert "system" in err[0]
+    assert not marker.exists() and not out.exists()
+
+
+def test_cifar_batch_in_the_python_format_with_filenames(spark, tmp_path, digits):
+    """The fields of a real CIFAR-10 batch (protocol 2, as the archive's): batch_label, labels,
+    data (uint8 N x 3072) and filenames are admitted by the restricted unpickler."""
+    imgs, labels = digits
+    src = tmp_path / "cifar"
+    src.mkdir()
+    planes = np.zeros((20, 3072), np.uint8)
+    planes[:, :784] = imgs[:20].reshape(20, -1)  # red plane rows 0..24 hold the digit's pixels
+    planes[:, 2048:2832] = 255 - imgs[:20].reshape(20, -1)
+    batch = {b"batch_label": b"training batch 1 of 5", b"labels": labels[:20].tolist(), b"data": planes,
+             b"filenames": [f"img_{i}.png".encode() for i in range(20)]}
+    with open(src / "data_batch_1", "wb") as f:
+        pickle.dump(batch, f, protocol=2)
+    out = tmp_path / "out"
+    s = ingest_images(_cfg(source="cifar10", input=str(src), output=str(out)), spark)
+    t = _read(out)
+    assert s["rows"] == 20
+    by_id = dict(zip(t["sample_id"], t["image"]))
+    np.testing.assert_array_equal(np.asarray(by_id[5]).reshape(32, 32, 3),
+                                  planes[5].reshape(3, 32, 32).transpose(1, 2, 0))
+
+
+def test_fashion_mnist_source_reads_the_packaged_idx_files(spark, tmp_path, digits):
+    """source=fashion_mnist reads idx files (default: the Debian package's directory; here a
+    directory in its layout), the t10k files are the source's test split."""
+    imgs, labels = digits
+    src = _write_idx(tmp_path / "fashion-mnist", imgs, labels, train=120, test=30)
+    out = tmp_path / "out"
+    s = ingest_images(_cfg(source="fashion_mnist", input=str(src), output=str(out)), spark)
+    assert s["rows"] == 150 and s["counts"]["test"] == 30 and s["source"] == "fashion_mnist"
+    t = _read(out)
+    by_id = dict(zip(t["sample_id"], zip(t["label"], t["image"])))
+    lab, img = by_id[30 + 7]  # t10k first (ids 0..29), then train
+    assert lab == labels[7]
+    np.testing.assert_array_equal(np.asarray(img).reshape(28, 28), imgs[7])
+
+
+def test_fashion_mnist_without_the_package_says_how_to_install(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, err = _run_job(["--source", "fashion_mnist", "--input", str(tmp_path / "absent"), "--output", str(out)],
+                         capsys)
+    assert code == 2 and len(err) == 1 and "dataset-fashion-mnist" in err[0] and str(tmp_path / "absent") in err[0]
+    assert not out.exists()

@@ -1,5 +1,6 @@
 """A study whose output is an ``s3://`` prefix on a real moto S3 server (loopback, IAM enforced):
-each run committed with ``_COMPLETE``, results.parquet / report.md / plots published, a rerun that
+each run's training writes its output to the store itself (committed with ``_COMPLETE``; nothing of it
+on the driver's disk but the result files read back), results.parquet / report.md / plots published, a rerun that
 has only the store (the local working directory gone) skips the committed runs and trains the
 missing one, and a read-only prefix is one line, exit code 2, nothing written."""
 from __future__ import annotations
@@ -42,17 +43,19 @@ def test_study_on_s3_publishes_results_and_resumes_from_the_store(spark, s3, tmp
         keys = _keys(uri)
         for k in ("study.json", "results.parquet", "stats.parquet", "report.md", "plots/learning_curves.png"):
             assert k in keys, (k, keys)
-        runs = sorted({k.rsplit("/", 1)[0] for k in keys if k.endswith(outputs.COMPLETE_MARKER)})
+        done = f"/train/{outputs.COMPLETE_MARKER}"
+        runs = sorted({k[: -len(done)] for k in keys if k.endswith(done)})
         assert len(runs) == 2 and all(r.startswith("runs/") and r.endswith("/seed_0") for r in runs)
         for r in runs:
             assert {f"{r}/run.json", f"{r}/train/summary.json", f"{r}/train/metrics.jsonl",
                     f"{r}/train/model.pt"} <= set(keys)
+        assert not list((tmp_path / "work").rglob("model.pt"))  # the runs wrote to the store, not the driver
         assert not [k for k in _keys(f"s3://{s3.bucket}/studies") if "/." in "/" + k]  # no temp prefix, no probe
         df = pd.read_parquet(io.BytesIO(fs.read_bytes(fs.location(f"{uri}/results.parquet"))))
         assert len(df) == 2 and sorted(df["run_dir"]) == [f"{uri}/{r}" for r in runs]
         assert "# Study tiny_s3" in fs.read_bytes(fs.location(f"{uri}/report.md")).decode()
         kept_run, lost_run = runs
-        kept_marker = fs.read_bytes(fs.location(f"{uri}/{kept_run}/{outputs.COMPLETE_MARKER}"))
+        kept_marker = fs.read_bytes(fs.location(f"{uri}/{kept_run}/train/{outputs.COMPLETE_MARKER}"))
         acc = dict(zip(df["run_dir"], df["test_accuracy"]))
 
         # only the store survives: the local work directory is gone, and one run never got committed
@@ -67,8 +70,8 @@ def test_study_on_s3_publishes_results_and_resumes_from_the_store(spark, s3, tmp
         summary = run_study(load_config(StudyConfig, cfg), spark)
         assert len(summary["trained"]) == 1 and len(summary["skipped"]) == 1
         assert summary["report"] == f"{uri}/report.md"
-        assert fs.read_bytes(fs.location(f"{uri}/{kept_run}/{outputs.COMPLETE_MARKER}")) == kept_marker
-        assert fs.exists(fs.location(f"{uri}/{lost_run}/{outputs.COMPLETE_MARKER}"))
+        assert fs.read_bytes(fs.location(f"{uri}/{kept_run}/train/{outputs.COMPLETE_MARKER}")) == kept_marker
+        assert fs.exists(fs.location(f"{uri}/{lost_run}/train/{outputs.COMPLETE_MARKER}"))
         df2 = pd.read_parquet(io.BytesIO(fs.read_bytes(fs.location(f"{uri}/results.parquet"))))
         got = dict(zip(df2["run_dir"], df2["test_accuracy"]))
         assert got == acc  # the skipped run's results read back from the store; the retrained one is deterministic
@@ -102,16 +105,21 @@ def test_tuning_on_s3_publishes_trials_and_continues_from_the_store(spark, s3, t
         assert tune_job.main(["--config", str(write_yaml(tmp_path / "t.yaml", doc))]) == 0
         keys = set(_keys(uri))
         assert {"optuna.journal", "trials.parquet", "best.json", "best_train.yaml",
-                "trials/trial_0/_COMPLETE", "trials/trial_1/_COMPLETE",
+                "trials/trial_0/train/_COMPLETE", "trials/trial_1/train/_COMPLETE", "trials/trial_0/train/model.pt",
+                "trials/trial_0/train_config.json", "trials/trial_1/train_config.json",
                 "trials/trial_0/train/summary.json", "trials/trial_1/train/metrics.jsonl"} <= keys, keys
+        # each trial's task wrote its training output to the store; its results reached the driver
+        # through Spark, never through a path on the task's disk
+        assert not list((tmp_path / "work1").rglob("model.pt"))
+        assert (tmp_path / "work1" / "trials" / "trial_0" / "train" / "summary.json").is_file()
         best = yaml.safe_load(fs.read_bytes(fs.location(f"{uri}/best_train.yaml")))
         assert best["output"] == f"{uri}/best/train"
-        marker = fs.read_bytes(fs.location(f"{uri}/trials/trial_0/_COMPLETE"))
+        marker = fs.read_bytes(fs.location(f"{uri}/trials/trial_0/train/_COMPLETE"))
         # a fresh working directory: the search continues from the journal on the store (one more trial)
         doc.update(trials=3, work_dir=str(tmp_path / "work2"))
         assert tune_job.main(["--config", str(write_yaml(tmp_path / "t.yaml", doc))]) == 0
         trials = pd.read_parquet(io.BytesIO(fs.read_bytes(fs.location(f"{uri}/trials.parquet"))))
         assert sorted(trials["trial"]) == [0, 1, 2] and set(trials["state"]) == {"COMPLETE"}
-        assert fs.read_bytes(fs.location(f"{uri}/trials/trial_0/_COMPLETE")) == marker  # not run again
-        assert fs.exists(fs.location(f"{uri}/trials/trial_2/_COMPLETE"))
+        assert fs.read_bytes(fs.location(f"{uri}/trials/trial_0/train/_COMPLETE")) == marker  # not run again
+        assert fs.exists(fs.location(f"{uri}/trials/trial_2/train/_COMPLETE"))
         assert not [k for k in _keys(f"s3://{s3.bucket}/tune") if "/." in "/" + k]

@@ -392,3 +392,99 @@ def test_hep_data_stages_chain_through_the_cache(tmp_path):
         assert {"real_delphes", "real_features"}.isdisjoint(stage_configs(plan.config(cell, 0), "hep", p))
     assert len(layouts) == 4  # one per worker count; the events, ingestion and features are shared
     assert not root.exists()
+
+
+def test_a_baseline_per_group_pairs_each_cell_with_its_own(tmp_path, capsys):
+    """A baseline selection that matches several cells gives each cell the baseline that shares
+    its other factor values (E3.2.4 compares S_H = 8 with S_H in {2, 1} at each L_W)."""
+    from pipeline.config import build_config
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.spec import StudyConfig
+
+    doc = tiny_study(tmp_path, factors={"grid": {"train.lr": [0.003, 0.03], "train.batch_size": [16, 32, 64]}},
+                     baseline={"train.batch_size": 32})
+    plan = plan_study(build_config(StudyConfig, doc))
+    by_name = {c.name: plan.baselines[c.key].name for c in plan.cells}
+    assert by_name["lr=0.003, batch_size=16"] == "lr=0.003, batch_size=32"
+    assert by_name["lr=0.03, batch_size=64"] == "lr=0.03, batch_size=32"
+    assert by_name["lr=0.03, batch_size=32"] == "lr=0.03, batch_size=32"
+    cfg = write_yaml(tmp_path / "g.yaml", doc)
+    assert experiment.main(["--config", str(cfg), "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)["plan"]
+    assert dry["baseline"] == ["lr=0.003, batch_size=32", "lr=0.03, batch_size=32"]
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss")
+def test_statistics_against_a_baseline_per_cell():
+    from pipeline.studies.stats import cell_stats
+
+    df = pd.DataFrame({"cell": ["a1"] * 3 + ["b1"] * 3 + ["a2"] * 3 + ["b2"] * 3,
+                       "m": [0.5, 0.6, 0.7, 0.9, 0.8, 0.85, 0.1, 0.2, 0.25, 0.3, 0.35, 0.4]})
+    s = cell_stats(df, ["m"], {"a1": "a1", "b1": "a1", "a2": "a2", "b2": "a2"}).set_index("cell")
+    assert s.loc["b2", "p_value"] == pytest.approx(
+        sps.ttest_ind([0.3, 0.35, 0.4], [0.1, 0.2, 0.25], equal_var=False).pvalue)
+    assert s.loc["b1", "p_value"] == pytest.approx(
+        sps.ttest_ind([0.9, 0.8, 0.85], [0.5, 0.6, 0.7], equal_var=False).pvalue)
+    assert bool(s.loc["a2", "baseline"]) and math.isnan(s.loc["a2", "p_value"])
+    assert s.loc["b2", "baseline_cell"] == "a2"
+
+
+SHIPPED_STUDIES = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", SHIPPED_STUDIES, ids=[p.stem for p in SHIPPED_STUDIES])
+def test_each_shipped_study_runs_at_a_tiny_size(config, spark, tmp_path, tmp_path_factory):
+    """Every configs/experiments/*.yaml end to end with ``tiny=true`` (one seed, two values per factor,
+    4 steps on little data; pipeline/studies/tiny.py): every kept cell trains, with its own workers,
+    layout, algorithm and schedule, and the report is written."""
+    from pipeline.config import load_config
+    from pipeline.ingest.images import FASHION_MNIST_DIR
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.spec import StudyConfig
+
+    spec = load_config(StudyConfig, config)
+    if "fashion_mnist" in config.read_text() or (spec.base and "haland" in spec.base):
+        assert Path(FASHION_MNIST_DIR).is_dir(), "Fashion-MNIST is missing: run scripts/setup.sh (as root)"
+    out = tmp_path / spec.name
+    data = tmp_path_factory.getbasetemp() / "tiny_studies_data"  # shared: each dataset is made once
+    args = ["--config", str(config), "--set", "tiny=true", "--set", f"output={out}", "--set", f"data_dir={data}",
+            "--set", "tracking.enabled=false", "--set", "plots=false"]
+    assert experiment.main(args) == 0
+    plan = plan_study(spec.model_copy(update={"tiny": True}))
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == len(plan.runs) >= 2
+    assert df["steps"].between(1, 8).all() and df["test_accuracy"].between(0, 1).all()  # rounds may end past step 4
+    assert set(df["cell"]) == {c.name for c in plan.cells}
+    for cell, seed in plan.runs:
+        summary = json.loads((out / "runs" / cell.key / f"seed_{seed}" / "train" / "summary.json").read_text())
+        cfg = plan.config(cell, seed)
+        assert summary["workers"] == cfg.workers and summary["algorithm"] == cfg.train.algorithm.name
+    assert "## " in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_cifar10_resnet20_recipe_runs_on_the_cpu(spark, tmp_path):
+    """configs/cifar10_resnet20.yaml (ResNet-20, He init, SGD + momentum, step decay, crop-and-flip) on a
+    small batch file in the CIFAR-10 python format: the smoke run trains with the recipe's settings."""
+    import pickle
+
+    from jobs import run_images
+
+    src = tmp_path / "cifar-10-batches-py"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("data_batch_1", 96), ("test_batch", 32)):
+        labels = rng.integers(0, 10, n)
+        data = (rng.random((n, 3072)) * 64 + labels[:, None] * 16).astype(np.uint8)  # learnable by class
+        with open(src / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"labels": labels.tolist(), b"data": data,
+                         b"filenames": [f"{i}.png".encode() for i in range(n)]}, f, protocol=2)
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "cifar10_resnet20.yaml"
+    out = tmp_path / "run"
+    assert run_images.main(["--config", str(cfg), "--set", f"ingest.input={src}", "--set", f"output_root={out}",
+                            "--set", "train.epochs=1", "--set", "train.max_steps=3", "--set", "train.batch_size=16"]) == 0
+    summary = json.loads((out / "train" / "summary.json").read_text())
+    run = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["algorithm"] == "arsgd" and 0 <= summary["test_accuracy"] <= 1
+    assert run["model"] == "resnet20" and run["source"] == "cifar10" and run["rows"] == 128

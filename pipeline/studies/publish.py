@@ -1,23 +1,22 @@
 """A study or tuning output on an object store: the work happens in a local directory, the results
 are published under the ``s3://`` prefix through :mod:`pipeline.fs` and :mod:`pipeline.outputs`.
 
-* a finished run (or trial) directory: one :func:`~pipeline.outputs.atomic_output_dir` commit
-  (the directory's files, then ``_COMPLETE``), made as soon as it ends;
+* a run's (or trial's) training output: written to ``<run>/train/`` on the store by the training
+  itself and committed with ``_COMPLETE`` (:mod:`pipeline.train.launch`), wherever its ranks run;
 * a failed run: its previous prefix is removed and ``error.txt`` written (no marker: not finished);
 * the other files (``study.json``, Parquet tables, plots, ``report.md``, ``best_train.yaml``, the
   Optuna journal): one PUT each, which the store makes visible whole or not at all, in the order
   given.
 
-A rerun reads what it needs back from the store (:meth:`RemoteOutput.fetch`): a run committed
-with ``_COMPLETE`` is finished, so a study or a search continues from the store alone.
+A rerun reads what it needs back from the store (:meth:`RemoteOutput.fetch`): a run whose training
+output carries ``_COMPLETE`` is finished, so a study or a search continues from the store alone.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ..fs import Location, delete_tree, exists, read_bytes, write_bytes
-from ..outputs import COMPLETE_MARKER, atomic_output_dir
+from ..outputs import COMPLETE_MARKER
 
 
 class RemoteOutput:
@@ -46,12 +45,6 @@ class RemoteOutput:
             dest.write_bytes(read_bytes(src))
             got.append(rel)
         return got
-
-    def commit_dir(self, rel: str, local_dir: Path) -> Location:
-        """Replace the directory ``rel`` under the prefix by ``local_dir``'s files (``_COMPLETE`` last)."""
-        with atomic_output_dir(str(self.at(rel))) as tmp:
-            shutil.copytree(local_dir, tmp, dirs_exist_ok=True)
-        return self.at(rel)
 
     def replace_with_file(self, rel: str, local_file: Path) -> None:
         """Remove the directory ``rel`` and write one file in it (a failed run's ``error.txt``)."""

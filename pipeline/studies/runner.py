@@ -20,13 +20,16 @@ finished when its ``train/summary.json`` exists (training writes its output atom
 study resumes where it stopped.
 
 An ``s3://`` output (an S3-compatible object store, :mod:`pipeline.fs`): the study works in a
-local directory (``work_dir``, default ``runs/studies/<name>``: the run staging, the data cache
-unless ``data_dir``, the MLflow file store unless ``tracking.uri``) and publishes to the prefix:
-each finished run directory is committed with :func:`pipeline.outputs.atomic_output_dir`
-(``runs/<cell>/seed_<s>/`` + ``_COMPLETE``) as soon as it ends, ``study.json``, the Parquet
-files, the plots and ``report.md`` (last) are one PUT each. A rerun takes a run as finished when
-its prefix on the store carries ``_COMPLETE`` and the same ``run.json``; it reads that run's
-results back from the store, so a study resumes from the store alone.
+local directory (``work_dir``, default ``runs/studies/<name>``: the run configs and result files
+read back, the data cache unless ``data_dir``, the MLflow file store unless ``tracking.uri``) and
+publishes to the prefix. Each run's training writes its output to
+``runs/<cell>/seed_<s>/train/`` on the store itself, committed with ``_COMPLETE`` (so its ranks may
+run on any node); the driver reads back ``summary.json`` and ``metrics.jsonl`` and PUTs the run's
+``mlflow_run.json`` and, last, ``run.json``. ``study.json``, the Parquet files, the plots and
+``report.md`` (last) are one PUT each. A rerun takes a run as finished when its ``train/`` carries
+``_COMPLETE`` and its ``run.json`` holds the same config; it reads that run's results back from the
+store, so a study resumes from the store alone. On a cluster whose workers share no disk with the
+driver, ``data_dir`` goes on the store too (:mod:`.workspace`).
 """
 from __future__ import annotations
 
@@ -38,11 +41,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PipelineError
-from ..fs import Location, check_writable, location, write_bytes
-from ..outputs import local_path, read_json, write_json
-from .publish import RemoteOutput
+from ..fs import Location, delete_tree, exists, location, write_bytes
+from ..outputs import read_json, write_json
 from .grid import Cell, StudyPlan, digest, plan_study
+from .publish import RemoteOutput
 from .spec import METRICS, StudyConfig
+from .workspace import StorePath, data_root_of, is_complete, open_workspace, parent_run, target_of, work_folder
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +55,12 @@ STAGE_OUT = {"simulate": "simulated", "ingest": "events", "features": "features"
 
 def study_target(spec: StudyConfig) -> Location:
     """Where the study's results go: a local directory or an object-store prefix."""
-    return location(spec.output or f"runs/studies/{spec.name}", output=True)
+    return target_of(spec.output, f"runs/studies/{spec.name}")
 
 
 def study_dir(spec: StudyConfig) -> Path:
     """The local directory the study works in (its output, or ``work_dir`` for an object-store output)."""
-    t = study_target(spec)
-    return Path(t.path) if t.is_local else local_path(spec.work_dir or f"runs/studies/{spec.name}")
+    return work_folder(spec.output, spec.work_dir, f"runs/studies/{spec.name}")
 
 
 def _stage_fns(workflow: str) -> list[tuple[str, str, Callable]]:
@@ -111,7 +114,7 @@ def prepare_data(run_cfg, workflow: str, data_root: Path, spark) -> dict:
     fns = {name: fn for name, _, fn in _stage_fns(workflow)}
     p, todo = data_paths(run_cfg, workflow, data_root)
     for name, cfg, out in todo:
-        if out.is_dir():
+        if is_complete(out):
             continue
         log.info("study: %s -> %s", name, out)
         fns[name](cfg, spark)
@@ -130,19 +133,19 @@ def run_dir(out: Path, cell: Cell, seed: int) -> Path:
     return out / run_key(cell, seed)
 
 
-#: what a finished run's results are read back from, on an object store (model.pt stays there)
-RESULT_FILES = ("run.json", "train/summary.json", "train/metrics.jsonl")
+#: what the driver reads back of a run whose training wrote to the store (model.pt stays there)
+RESULT_FILES = ("train/summary.json", "train/metrics.jsonl")
 
 
 def fetch_finished(remote: RemoteOutput, cell: Cell, seed: int, rdir: Path, run_cfg) -> bool:
-    """A run committed on the store with the same config: its result files (and its MLflow
-    marker) are copied into ``rdir``, replacing what was there."""
+    """A run finished on the store (its training output committed, its ``run.json``, written last,
+    holding the same config): its result files (and its MLflow marker) are copied into ``rdir``."""
     key = run_key(cell, seed)
-    if not remote.committed(key) or \
+    if not remote.committed(f"{key}/train") or not exists(remote.at(f"{key}/run.json")) or \
             read_json(str(remote.at(f"{key}/run.json"))).get("config") != _run_fingerprint(run_cfg):
         return False
     shutil.rmtree(rdir, ignore_errors=True)
-    remote.fetch([f"{key}/{f}" for f in RESULT_FILES], rdir.parents[2])
+    remote.fetch([f"{key}/{f}" for f in ("run.json", *RESULT_FILES)], rdir.parents[2])
     remote.fetch([f"{key}/mlflow_run.json"], rdir.parents[2], optional=True)
     return True
 
@@ -153,23 +156,31 @@ def is_finished(rdir: Path, run_cfg) -> bool:
             and read_json(f).get("config") == _run_fingerprint(run_cfg))
 
 
-def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root: Path, spark) -> dict:
-    """Prepare the data of one run (cached) and train it; returns the training summary."""
+def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, spark,
+              remote: RemoteOutput | None = None) -> dict:
+    """Prepare the data of one run (cached) and train it; returns the training summary. With a store
+    target the training writes its output there itself (wherever its ranks run) and the driver reads
+    back the result files."""
     from ..train.checkpoint import clear as clear_checkpoints
     from ..train.launch import checkpoint_dir, train
 
     spec = plan.spec
     run_cfg = plan.config(cell, seed)
     rdir = run_dir(out, cell, seed)
+    key = run_key(cell, seed)
     p = prepare_data(run_cfg, spec.workflow, data_root, spark)
-    p["train"] = rdir / "train"
+    p["train"] = StorePath(str(remote.at(key))) / "train" if remote else rdir / "train"
     train_cfg = stage_configs(run_cfg, spec.workflow, p)["train"]
     if rdir.exists():
         shutil.rmtree(rdir)  # an unfinished or outdated run starts again from scratch
+    if remote:
+        delete_tree(remote.at(key))
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
                                    "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
     summary = train(train_cfg, spark)
     clear_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
+    if remote:
+        remote.fetch([f"{key}/{f}" for f in RESULT_FILES], rdir.parents[2])
     return summary
 
 
@@ -178,7 +189,7 @@ def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path, remote: Remote
 
     rdir = run_dir(out, cell, seed)
     row: dict = {"study": plan.spec.name, "cell": cell.name, "cell_key": cell.key, "seed": seed,
-                 "baseline": cell.key == plan.baseline.key}
+                 "baseline": plan.is_baseline(cell)}
     row.update({k: v for k, v in cell.factors.items()})
     row.update(run_metrics(rdir / "train", plan.spec.target_accuracy))
     row["run_dir"] = str(remote.at(run_key(cell, seed))) if remote else str(rdir)
@@ -211,19 +222,12 @@ class _Tracker:
     """MLflow for a study, or nothing when tracking is disabled."""
 
     def __init__(self, plan: StudyPlan, out: Path):
-        self.parent = None
         spec = plan.spec
-        if not spec.tracking.enabled:
-            return
-        from .tracking import ParentRun, store_uri
-
-        uri = store_uri(spec.tracking.uri, out / "mlruns")
         params = {"workflow": spec.workflow, "base": spec.base or "", "seeds": plan.seeds,
-                  "cells": len(plan.cells), "baseline": plan.baseline.name, "metrics": spec.metrics,
+                  "cells": len(plan.cells), "baseline": _baseline_names(plan), "metrics": spec.metrics,
                   "target_accuracy": spec.target_accuracy, "factors": list(plan.cells[0].factors)}
-        self.parent = ParentRun(uri, spec.tracking.experiment or spec.name, spec.name, out / "mlflow_study.json",
-                                params, {"pipeline.study": spec.name, "pipeline.output": str(out)})
-        self.uri = uri
+        self.parent, self.uri = parent_run(spec.tracking, out, spec.name, "mlflow_study.json", params,
+                                           {"pipeline.study": spec.name})
 
     def child(self, plan: StudyPlan, cell: Cell, seed: int, out: Path, row: dict) -> None:
         if self.parent is None:
@@ -248,7 +252,7 @@ class _Tracker:
             self.parent.finish(artifacts, status=status)
 
 
-def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote: RemoteOutput | None = None) -> dict:
+def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: RemoteOutput | None = None) -> dict:
     """Every run in order: skip the finished ones, train the others; a failed run is recorded and
     the study goes on (its error is in ``<run>/error.txt``). With an object-store output, finished
     runs are read back from the store and each new one is published when it ends."""
@@ -264,7 +268,7 @@ def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote
             t1 = time.time()
             tracker.discard(out, cell, seed)
             try:
-                s = train_one(plan, cell, seed, out, data_root, spark)
+                s = train_one(plan, cell, seed, out, data_root, spark, remote)
             except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
                 msg = " ".join(str(e).split())[:500] or type(e).__name__
                 done["failed"].append((cell.name, seed, e, msg))
@@ -278,8 +282,8 @@ def _run_all(plan: StudyPlan, out: Path, data_root: Path, spark, tracker, remote
             log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
         done["rows"].append(result_row(plan, cell, seed, out, remote))
         tracker.child(plan, cell, seed, out, done["rows"][-1])
-        if remote and (cell.name, seed) in done["trained"]:
-            remote.commit_dir(run_key(cell, seed), rdir)
+        if remote and (cell.name, seed) in done["trained"]:  # run.json last: the run counts as finished
+            remote.put_files(out, [f for f in (rdir / "mlflow_run.json", rdir / "run.json") if f.is_file()])
     return done
 
 
@@ -296,16 +300,8 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
 
     t0 = time.time()
     plan = plan_study(spec)
-    if spec.tracking.enabled and spec.tracking.uri:
-        from .tracking import client
-
-        client(spec.tracking.uri)  # a bad tracking URI fails here, before anything is written
-    target, out = study_target(spec), study_dir(spec)
-    remote = None if target.is_local else RemoteOutput(target)
-    if remote:
-        check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
-    data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
-    out.mkdir(parents=True, exist_ok=True)
+    ws = open_workspace(spec.output, spec.work_dir, spec.data_dir, f"runs/studies/{spec.name}", spec.tracking)
+    target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root
     write_json(out / "study.json", plan_summary(plan))
     tracker = _Tracker(plan, out)
     spark = spark or get_spark(spec.spark)
@@ -322,7 +318,7 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
     summary = {"study": spec.name, "output": str(target), "runs": len(plan.runs), "trained": trained,
                "skipped": skipped, "failed": [(c, s, m) for c, s, _, m in done["failed"]],
                "seconds": round(time.time() - t0, 1), "results": str(target.child("results.parquet")),
-               "report": str(target.child("report.md")), "mlflow": getattr(tracker, "uri", None),
+               "report": str(target.child("report.md")), "mlflow": tracker.uri,
                "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
     print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
           f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {summary['report']}", flush=True)
@@ -339,10 +335,11 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
     spec = plan.spec
     df = results_frame(rows)
     _write_parquet(df, out / "results.parquet")
-    stats = cell_stats(df, spec.metrics, plan.baseline.name)
+    stats = cell_stats(df, spec.metrics, {c.name: plan.baselines[c.key].name for c in plan.cells})
     _write_parquet(stats, out / "stats.parquet")
     plots = write_plots(plan, df, out) if spec.plots else []
-    cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds)} for c in plan.cells]
+    cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds),
+              "baseline": plan.baselines[c.key].name} for c in plan.cells]
     have = set(zip(df["cell"], df["seed"]))
     missing = [f"{c.name} seed {s}" for c, s in plan.runs if (c.name, s) not in have]
     intro = _intro(plan) + ([f"- runs missing (failed, see their error.txt): {'; '.join(missing)}"] if missing else [])
@@ -360,7 +357,8 @@ def _intro(plan: StudyPlan) -> list[str]:
     lines += [f"- workflow: {spec.workflow}, base: {spec.base or '(defaults)'}, "
               f"fixed: {json.dumps(spec.fixed, default=str)}",
               f"- seeds: {plan.seeds} (into {', '.join(spec.seed_keys)})",
-              f"- baseline cell: {plan.baseline.name}",
+              f"- baseline cell{'s' if len(plan.baseline_cells) > 1 else ''}: "
+              f"{'; '.join(c.name for c in plan.baseline_cells)}",
               "- statistics over seeds: mean ± sample std, 95% CI of the mean (Student's t), two-sided "
               "Welch's t-test p-value against the baseline cell"]
     if spec.target_accuracy is not None:
@@ -394,19 +392,25 @@ def speedup_groups(plan: StudyPlan, df) -> dict:
     return groups
 
 
+def _baseline_names(plan: StudyPlan):
+    """The baseline cell's name, or the list of names when each group has its own."""
+    names = [c.name for c in plan.baseline_cells]
+    return names[0] if len(names) == 1 else names
+
+
 def plan_summary(plan: StudyPlan) -> dict:
     spec = plan.spec
     return {"study": spec.name, "workflow": spec.workflow, "seeds": plan.seeds,
-            "baseline": plan.baseline.name, "metrics": spec.metrics, "target_accuracy": spec.target_accuracy,
-            "cells": [{"name": c.name, "key": c.key, "factors": c.factors, "overrides": c.overrides}
+            "baseline": _baseline_names(plan), "metrics": spec.metrics, "target_accuracy": spec.target_accuracy,
+            "cells": [{"name": c.name, "key": c.key, "factors": c.factors, "overrides": c.overrides,
+                       "baseline": plan.baselines[c.key].name}
                       for c in plan.cells], "runs": len(plan.runs)}
 
 
 def dry_run(spec: StudyConfig) -> dict:
     """``--dry-run``: the cells, runs and distinct data stages, without starting anything."""
     plan = plan_study(spec)
-    out = study_dir(spec)
-    data_root = local_path(spec.data_dir) if spec.data_dir else out / "data"
+    data_root = data_root_of(spec.data_dir, study_dir(spec))
     stages: dict[str, str] = {}
     for cell, seed in plan.runs:
         _, todo = data_paths(plan.config(cell, seed), spec.workflow, data_root)

@@ -97,6 +97,8 @@ class StudyConfig(StageConfig):
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(enabled=True),
                                      description="MLflow (default: file store <output>/mlruns)")
     plots: bool = Field(True, description="write PNG plots next to report.md")
+    tiny: bool = Field(False, description="run the study at a tiny size: one seed, two values per factor, a "
+                                          "few steps on little data (pipeline/studies/tiny.py)")
 
     @field_validator("seeds")
     @classmethod

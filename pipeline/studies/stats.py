@@ -1,7 +1,7 @@
 """Statistics over seeds: per cell and metric, mean, sample standard deviation, the 95% confidence
 interval of the mean (Student's t with n - 1 degrees of freedom) and Welch's t-test p-value
 (unequal variances, two-sided, ``scipy.stats.ttest_ind(equal_var=False)``) against the baseline
-cell. Runs with a missing value (NaN, e.g. a target never reached) are left out of that metric's
+cell (one baseline for the study, or one per group of cells). Runs with a missing value (NaN, e.g. a target never reached) are left out of that metric's
 statistics and counted in ``n``.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 
 NAN = float("nan")
 CONFIDENCE = 0.95
-STAT_COLUMNS = ["cell", "metric", "n", "n_runs", "mean", "std", "ci_low", "ci_high", "p_value", "baseline"]
+STAT_COLUMNS = ["cell", "metric", "n", "n_runs", "mean", "std", "ci_low", "ci_high", "p_value", "baseline",
+                "baseline_cell"]
 
 
 def mean_ci(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float, float]:
@@ -44,20 +45,23 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
         return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
-def cell_stats(results, metrics: list[str], baseline: str):
+def cell_stats(results, metrics: list[str], baseline):
     """A DataFrame with one row per (cell, metric): ``STAT_COLUMNS``. ``results`` has columns
-    ``cell`` and the metrics; ``baseline`` is the baseline cell's name."""
+    ``cell`` and the metrics; ``baseline`` is the baseline cell's name, or a dict cell name ->
+    the name of the cell it is tested against."""
     import pandas as pd
 
     rows = []
     cells = list(dict.fromkeys(results["cell"]))
+    base_of = baseline if isinstance(baseline, dict) else {c: baseline for c in cells}
     for metric in metrics:
-        base = results.loc[results["cell"] == baseline, metric].dropna().to_numpy(dtype=float)
         for cell in cells:
             col = results.loc[results["cell"] == cell, metric]
             x = col.dropna().to_numpy(dtype=float)
             m, s, lo, hi = mean_ci(x)
-            p = NAN if cell == baseline else welch_p(x, base)
+            b = base_of.get(cell)
+            base = results.loc[results["cell"] == b, metric].dropna().to_numpy(dtype=float)
+            p = NAN if cell == b else welch_p(x, base)
             rows.append({"cell": cell, "metric": metric, "n": len(x), "n_runs": len(col), "mean": m, "std": s,
-                         "ci_low": lo, "ci_high": hi, "p_value": p, "baseline": cell == baseline})
+                         "ci_low": lo, "ci_high": hi, "p_value": p, "baseline": cell == b, "baseline_cell": b})
     return pd.DataFrame(rows, columns=STAT_COLUMNS)

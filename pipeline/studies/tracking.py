@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 RUN_FILE = "mlflow_run.json"
 CURVE_KEYS = ("accuracy", "loss", "train_loss", "samples_per_s", "comm_fraction", "bytes_sent",
               "consensus_distance")
-TRAIN_PARAMS = ("model", "algorithm", "launcher", "workers", "epochs", "batch_size", "optimizer", "lr",
-                "lr_scaling", "warmup_epochs", "seed", "max_steps")
+TRAIN_PARAMS = ("model", "algorithm", "launcher", "workers", "epochs", "batch_size", "batch_rule", "optimizer", "lr",
+                "momentum", "weight_decay", "init", "lr_scaling", "warmup_epochs", "warmup_optimizer", "lr_decay_at",
+                "augment", "seed", "max_steps")
 
 
 def store_uri(uri: Optional[str], default_dir: Path) -> str:

@@ -26,11 +26,15 @@ Keys are keys of the workflow's run config, like a study's factors. Output (``ou
 
 An ``s3://`` output: the search works in a local directory (``work_dir``, default
 ``runs/tune/<name>``; the data cache unless ``data_dir``, the MLflow file store unless
-``tracking.uri``) and publishes to the prefix (:mod:`pipeline.studies.publish`): after every round
-each trial directory is committed with ``_COMPLETE`` and the journal is PUT; at the end
+``tracking.uri``) and publishes to the prefix (:mod:`pipeline.studies.publish`). Each trial's task
+writes its training output to ``trials/trial_<n>/train/`` on the store itself (committed with
+``_COMPLETE``), so a trial runs on any executor; its ``summary.json`` and ``metrics.jsonl`` come back
+to the driver in the task's result row, never through the executor's disk. After every round the
+driver PUTs each trial's ``train_config.json`` and ``mlflow_run.json`` and the journal; at the end
 ``trials.parquet``, ``best.json`` and ``best_train.yaml`` (its ``output`` is ``<prefix>/best/train``).
 A rerun whose working directory has no journal reads the journal and the trials back from the
-store and continues the same search.
+store and continues the same search. On a cluster whose workers share no disk with the driver,
+``data_dir`` goes on the store too (:mod:`.workspace`).
 """
 from __future__ import annotations
 
@@ -46,12 +50,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..fs import Location, check_writable, exists, location, write_bytes
-from ..outputs import local_path, write_json
-from .publish import RemoteOutput
+from ..fs import Location, exists, location, write_bytes
+from ..outputs import write_json
 from ..train.config import TrackingConfig
-from .grid import RUN_CONFIGS, _build, apply_overrides, base_data
+from .grid import RUN_CONFIGS, apply_overrides, base_data, build_run_config
+from .publish import RemoteOutput
 from .spec import METRICS
+from .workspace import StorePath, open_workspace, parent_run, target_of, work_folder
 
 log = logging.getLogger(__name__)
 
@@ -155,16 +160,17 @@ class TuneConfig(StageConfig):
 
 
 def tune_target(cfg: TuneConfig) -> Location:
-    return location(cfg.output or f"runs/tune/{cfg.name}", output=True)
+    return target_of(cfg.output, f"runs/tune/{cfg.name}")
 
 
 def tune_dir(cfg: TuneConfig) -> Path:
     """The local directory the search works in (its output, or ``work_dir`` for an object-store output)."""
-    t = tune_target(cfg)
-    return Path(t.path) if t.is_local else local_path(cfg.work_dir or f"runs/tune/{cfg.name}")
+    return work_folder(cfg.output, cfg.work_dir, f"runs/tune/{cfg.name}")
 
 
 _TRIAL_FILES = ("train_config.json", "train/summary.json", "train/metrics.jsonl", "mlflow_run.json")
+#: what a trial's task sends back to the driver: its training output's result files
+_RESULT_FILES = {"summary": "summary.json", "metrics": "metrics.jsonl"}
 
 
 def _fetch_search(remote: RemoteOutput, out: Path) -> None:
@@ -177,16 +183,16 @@ def _fetch_search(remote: RemoteOutput, out: Path) -> None:
     for name in optuna.study.get_all_study_names(_storage(out)):
         for t in optuna.load_study(study_name=name, storage=_storage(out)).get_trials(deepcopy=False):
             key = f"trials/trial_{t.number}"
-            if remote.committed(key):
+            if remote.committed(f"{key}/train"):
                 remote.fetch([f"{key}/{f}" for f in _TRIAL_FILES], out, optional=True)
 
 
 def _publish_round(remote: Optional[RemoteOutput], out: Path, numbers: list[int]) -> None:
     if remote is None:
         return
-    for n in numbers:
-        if (out / "trials" / f"trial_{n}").is_dir():
-            remote.commit_dir(f"trials/trial_{n}", out / "trials" / f"trial_{n}")
+    for n in numbers:  # the trial's train/ is on the store already, written by its task
+        tdir = out / "trials" / f"trial_{n}"
+        remote.put_files(out, [f for f in (tdir / "train_config.json", tdir / "mlflow_run.json") if f.is_file()])
     remote.put_files(out, [out / "optuna.journal"])
 
 
@@ -195,7 +201,7 @@ def _base(cfg: TuneConfig) -> dict:
 
 
 def trial_config(cfg: TuneConfig, base: dict, params: dict, where: str):
-    return _build(RUN_CONFIGS[cfg.workflow], apply_overrides(base, params), where)
+    return build_run_config(RUN_CONFIGS[cfg.workflow], apply_overrides(base, params), where)
 
 
 def check_tune(cfg: TuneConfig) -> dict:
@@ -246,35 +252,43 @@ def make_sampler(cfg: TuneConfig, grid: Optional[dict], resumed: int = 0):
 
 # ------------------------------------------------------------------------- trials on Spark
 def _run_trials_task(batches):
-    """mapInArrow body: train each trial of its partition; one result row per trial."""
+    """mapInArrow body: train each trial of its partition (its output goes where its config says:
+    the store, or a local or shared path); one result row per trial, carrying the result files."""
     import pyarrow as pa
 
+    from ..fs import location, read_bytes
     from ..train.config import TrainConfig
     from ..train.launch import train
 
+    schema = pa.schema([("trial", pa.int64()), ("error", pa.string()), ("started", pa.float64()),
+                        ("finished", pa.float64()), *((k, pa.string()) for k in _RESULT_FILES)])
     for batch in batches:
         for row in batch.to_pylist():
             t0 = time.time()
-            err = None
+            err, files = None, {}
             try:
-                train(TrainConfig.model_validate_json(row["config"]))
+                cfg = TrainConfig.model_validate_json(row["config"])
+                train(cfg)
+                out = location(cfg.output, output=True)
+                files = {k: read_bytes(out.child(name)).decode() for k, name in _RESULT_FILES.items()}
             except Exception as e:  # noqa: BLE001 - reported to the driver, the other trials go on
                 err = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}"
             yield pa.RecordBatch.from_pylist(
-                [{"trial": row["trial"], "error": err, "started": t0, "finished": time.time()}],
-                schema=pa.schema([("trial", pa.int64()), ("error", pa.string()), ("started", pa.float64()),
-                                  ("finished", pa.float64())]))
+                [{"trial": row["trial"], "error": err, "started": t0, "finished": time.time(), **files}],
+                schema=schema)
 
 
 def run_trials_on_spark(spark, trials: list[tuple[int, str]]) -> dict[int, dict]:
     """Train ``(trial number, TrainConfig JSON)`` pairs, one Spark task each; trial -> {error, started,
-    finished} (epoch seconds of the task's training)."""
-    from ..spark import spark_task, task_frame
+    finished (epoch seconds of the task's training), summary, metrics (the result files' text)}."""
+    from ..spark import forward_s3_settings, spark_task, task_frame
 
+    forward_s3_settings(spark)  # trials read their shards from, and write their output to, s3:// themselves
     df = task_frame(spark, trials, "trial long, config string")
-    out = df.mapInArrow(spark_task(_run_trials_task),
-                        "trial long, error string, started double, finished double").collect()
-    return {r["trial"]: {"error": r["error"], "started": r["started"], "finished": r["finished"]} for r in out}
+    ddl = "trial long, error string, started double, finished double, " + \
+        ", ".join(f"{k} string" for k in _RESULT_FILES)
+    out = df.mapInArrow(spark_task(_run_trials_task), ddl).collect()
+    return {r["trial"]: {k: r[k] for k in ("error", "started", "finished", *_RESULT_FILES)} for r in out}
 
 
 # ------------------------------------------------------------------------- the search
@@ -307,18 +321,10 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
 
     t0 = time.time()
     base = check_tune(cfg)
-    if cfg.tracking.enabled and cfg.tracking.uri:
-        from .tracking import client
-
-        client(cfg.tracking.uri)  # a bad tracking URI fails here, before anything is written
-    target, out = tune_target(cfg), tune_dir(cfg)
-    remote = None if target.is_local else RemoteOutput(target)
-    if remote:
-        check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
-    out.mkdir(parents=True, exist_ok=True)
+    ws = open_workspace(cfg.output, cfg.work_dir, cfg.data_dir, f"runs/tune/{cfg.name}", cfg.tracking)
+    target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root
     if remote:
         _fetch_search(remote, out)
-    data_root = local_path(cfg.data_dir) if cfg.data_dir else out / "data"
     grid = grid_space(cfg) if cfg.sampler == "grid" else None
     total = n_trials(cfg, grid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -336,9 +342,10 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
             for t in asked:
                 run_cfg = trial_config(cfg, base, t.params, f"tune {cfg.name}: trial {t.number}")
                 p = prepare_data(run_cfg, cfg.workflow, data_root, spark)
-                p["train"] = out / "trials" / f"trial_{t.number}" / "train"
+                key = f"trials/trial_{t.number}"
+                p["train"] = StorePath(str(remote.at(key))) / "train" if remote else out / key / "train"
                 configs[t.number] = stage_configs(run_cfg, cfg.workflow, p)["train"]
-                write_json(p["train"].parent / "train_config.json", configs[t.number].model_dump(mode="json"))
+                write_json(out / key / "train_config.json", configs[t.number].model_dump(mode="json"))
                 batch.append((t.number, configs[t.number].model_dump_json()))
             log.info("tune %s: trials %s of %d on Spark", cfg.name, ", ".join(str(t.number) for t in asked), total)
             res = run_trials_on_spark(spark, batch)
@@ -383,6 +390,10 @@ def _tell(cfg: TuneConfig, study, t, res: dict, out: Path, configs: dict, tracke
 
     tdir = out / "trials" / f"trial_{t.number}" / "train"
     clear_checkpoints(checkpoint_dir(configs[t.number]))  # a finished trial needs none
+    if res.get("error") is None and res.get("summary") is not None and not (tdir / "summary.json").is_file():
+        tdir.mkdir(parents=True, exist_ok=True)  # the results came back with the task's row
+        for k, name in _RESULT_FILES.items():
+            (tdir / name).write_text(res[k])
     for k in ("started", "finished"):
         if res.get(k) is not None:
             t.set_user_attr(f"task_{k}", res[k])
@@ -433,17 +444,11 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[Remot
 
 class _TuneTracker:
     def __init__(self, cfg: TuneConfig, out: Path):
-        self.parent = None
-        if not cfg.tracking.enabled:
-            return
-        from .tracking import ParentRun, store_uri
-
-        uri = store_uri(cfg.tracking.uri, out / "mlruns")
         params = {"workflow": cfg.workflow, "base": cfg.base or "", "sampler": cfg.sampler, "trials": cfg.trials,
                   "parallel": cfg.parallel, "objective": f"{cfg.direction} {cfg.objective}",
                   "space": {k: v.model_dump(exclude_none=True) for k, v in cfg.space.items()}}
-        self.parent = ParentRun(uri, cfg.tracking.experiment or cfg.name, cfg.name, out / "mlflow_tune.json",
-                                params, {"pipeline.tune": cfg.name, "pipeline.output": str(out)})
+        self.parent, self.uri = parent_run(cfg.tracking, out, cfg.name, "mlflow_tune.json", params,
+                                           {"pipeline.tune": cfg.name})
 
     def trial(self, t, train_cfg, row: dict, tdir: Path) -> None:
         if self.parent is None:

@@ -67,7 +67,9 @@ _STEP_DIR = re.compile(r"step_(\d{8})")
 _OWN_FILE = re.compile(r"(?:rank_\d{3,}\.pt|meta\.json)|\.(?:rank_\d{3,}\.pt|meta\.json)\.tmp-\d+")
 FINGERPRINT_FIELDS = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
                       "lr_scaling", "warmup_epochs", "algorithm", "policy", "seed", "shuffle_buffer", "max_steps",
-                      "loader")  # the loader mode can change the batch order
+                      "loader",  # the loader mode can change the batch order
+                      "batch_rule", "lars_eta", "init", "warmup_optimizer", "warmup_lr", "lr_decay_at",
+                      "lr_decay_factor", "augment")
 
 
 class CorruptCheckpoint(Exception):

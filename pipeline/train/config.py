@@ -104,14 +104,38 @@ class TrainConfig(StageConfig):
     model: Literal["lenet5", "resnet20", "hlf", "gru", "inclusive"] = Field("lenet5", description="model")
     scaling: Optional[str] = Field(None, description="scaling.json for HEP features (default: next to the manifest's source)")
     epochs: int = Field(8, gt=0, description="target epochs E_target (overlap layouts run ceil(E/C) passes)")
-    batch_size: int = Field(32, gt=0, description="local (per-worker) batch size b")
-    optimizer: Literal["sgd", "adam"] = Field("adam", description="base optimizer: sgd (with momentum) | adam")
+    batch_size: int = Field(32, gt=0, description="the batch that batch_rule reads: local - a worker's batch b | "
+                                                  "global - the global batch B (each worker B / M) | household - "
+                                                  "the effective batch B_e of Eq. A.3 (Haland & Birkeland 2020)")
+    batch_rule: Literal["local", "global", "household"] = Field(
+        "local", description="how batch_size becomes a worker's batch: local | global | household (Eq. A.3: "
+                             "B_e L_W H / (M (H + L_W - 1)), hierarchical algorithm on a households layout)")
+    optimizer: Literal["sgd", "adam", "lars"] = Field(
+        "adam", description="base optimizer: sgd (with momentum) | adam | lars (SGD with momentum and layer-wise "
+                            "trust ratios, You et al. 2017)")
     lr: float = Field(0.001, gt=0, description="base learning rate (per worker batch, before scaling)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD and LARS momentum")
     nesterov: bool = Field(False, description="Nesterov momentum for SGD")
-    weight_decay: float = Field(0.0, ge=0, description="weight decay")
-    lr_scaling: Literal["linear", "none"] = Field("linear", description="linear: lr * workers (Goyal et al.)")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay (L2 penalty added to the gradient)")
+    lars_eta: float = Field(0.001, gt=0, description="LARS trust coefficient eta")
+    init: Literal["default", "he"] = Field(
+        "default", description="weight initialisation: default (torch's) | he (He et al. 2015: normal, std "
+                               "sqrt(2 / fan_in), for every convolution and linear layer; biases 0)")
+    lr_scaling: Literal["linear", "none", "household"] = Field(
+        "linear", description="scaled rate after the warmup: linear - lr * workers (Goyal et al.) | none | "
+                              "household - lr * L_W H / (H + L_W - 1) (E3.2.3)")
     warmup_epochs: float = Field(1.0, ge=0, description="gradual warmup from lr to the scaled lr, in epochs")
+    warmup_optimizer: Literal["none", "sgd"] = Field(
+        "none", description="sgd: the warmup epochs are plain gradient descent with the rate rising to warmup_lr, "
+                            "then optimizer=adam takes over (the two-stage warmup of Wongpanich et al. 2020)")
+    warmup_lr: Optional[float] = Field(None, gt=0, description="peak rate of the gradient-descent warmup stage "
+                                                               "(warmup_optimizer=sgd)")
+    lr_decay_at: list[float] = Field(default_factory=list, description="step decay: fractions of the run's steps at "
+                                     "which the rate is multiplied by lr_decay_factor (He et al.: [0.5, 0.75])")
+    lr_decay_factor: float = Field(0.1, gt=0, le=1, description="step decay factor")
+    augment: Literal["none", "crop_flip"] = Field(
+        "none", description="image augmentation of the training batches: crop_flip - pad 4, random crop to the "
+                            "image size, horizontal flip with probability 0.5 (He et al. 2016)")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     bucket_mb: float = Field(4.0, gt=0, description="gradient/parameter fusion bucket size (MiB)")
@@ -155,8 +179,14 @@ class TrainConfig(StageConfig):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.optimizer == "adam" and self.nesterov:
+        if self.optimizer != "sgd" and self.nesterov:
             raise ConfigError("invalid config value nesterov=True: only with optimizer=sgd")
+        if self.warmup_optimizer == "sgd" and (self.optimizer != "adam" or self.warmup_lr is None
+                                               or not self.warmup_epochs):
+            raise ConfigError("invalid config value warmup_optimizer='sgd': needs optimizer=adam, warmup_lr and "
+                              "warmup_epochs > 0")
+        if any(not 0 < f < 1 for f in self.lr_decay_at) or self.lr_decay_at != sorted(set(self.lr_decay_at)):
+            raise ConfigError(f"invalid config value lr_decay_at={self.lr_decay_at}: increasing fractions in (0, 1)")
         from .algorithms.async_common import check_launcher  # asynchronous algorithms need torch.distributed p2p
 
         check_launcher(self.algorithm.name, self.algorithm.params, self.launcher)

@@ -53,6 +53,7 @@ from ..outputs import atomic_output_dir, write_json
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .plan import TrainingPlan
+from .schedule import plan_terms
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +129,19 @@ def make_plan(cfg: TrainConfig) -> dict:
             raise BadInputError(f"{man.path}: eval.{split} directory not found: {path}")
         check_columns(path, features)
     min_rows = min(w.rows for w in man.workers)
-    spe = min_rows // cfg.batch_size
-    if spe < 1:
-        raise ConfigError(f"invalid config value batch_size={cfg.batch_size}: larger than the smallest shard "
-                          f"({min_rows} rows)")
     overlap_epochs = man.overlap_epochs(cfg.epochs)
-    total = overlap_epochs * spe
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
-    global_batch = cfg.batch_size * m
+
+    def total_steps(b: int) -> int:
+        return min(overlap_epochs * (min_rows // b), cfg.max_steps or math.inf)
+
+    terms = plan_terms(cfg, man.layout, m, total_steps)  # batch rule, lr scaling, step decay
+    b = terms["batch_size"]
+    spe = min_rows // b
+    if spe < 1:
+        raise ConfigError(f"invalid config value batch_size={cfg.batch_size}: a worker batch of {b} is larger "
+                          f"than the smallest shard ({min_rows} rows)")
+    total = total_steps(b)
+    global_batch = b * m
     epoch_steps = max(1, math.ceil(man.n_train_samples / global_batch))  # one (global) epoch, any layout
     eval_every = cfg.eval_every or epoch_steps
     num_classes = label_count([w.path for w in man.workers] + list(man.eval.values()))
@@ -154,7 +159,7 @@ def make_plan(cfg: TrainConfig) -> dict:
         "shape": probe_shape(man.workers[0].path, features), "copies": man.copies,
         "steps_per_epoch": spe, "overlap_epochs": overlap_epochs, "total_steps": total,
         "eval_every": eval_every, "epoch_steps": epoch_steps,
-        "warmup_steps": int(round(cfg.warmup_epochs * epoch_steps)),
+        "warmup_steps": int(round(cfg.warmup_epochs * epoch_steps)), **terms,
         "global_batch": global_batch, "n_train_samples": man.n_train_samples,
         "scaling": _find_scaling(cfg, man.source) if features != "image" else None,
         "eval": dict(man.eval), "manifest": man.path,

@@ -133,8 +133,24 @@ class InclusiveClassifier(nn.Module):
         return self.fc2(F.relu(self.fc1(z)))
 
 
-def build_model(name: str, num_classes: int, shape: dict | None = None) -> nn.Module:
-    shape = shape or {}
+def he_init_(model: nn.Module) -> nn.Module:
+    """He et al. 2015 initialisation: every convolution and linear weight drawn from
+    N(0, 2 / fan_in), biases set to 0 (recurrent layers keep torch's)."""
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    return model
+
+
+def build_model(name: str, num_classes: int, shape: dict | None = None, init: str = "default") -> nn.Module:
+    """The model ``name``; ``init="he"`` re-draws its weights with :func:`he_init_`."""
+    model = _build(name, num_classes, shape or {})
+    return he_init_(model) if init == "he" else model
+
+
+def _build(name: str, num_classes: int, shape: dict) -> nn.Module:
     if name == "lenet5":
         return LeNet5(shape.get("channels", 1), shape.get("height", 28), shape.get("width", 28), num_classes)
     if name == "resnet20":

@@ -28,6 +28,9 @@ class TrainingPlan(BaseModel):
     epoch_steps: int = Field(ge=1, description="steps of one global epoch: ceil(N / B_global)")
     warmup_steps: int = Field(ge=0, description="gradual learning-rate warmup, in steps")
     global_batch: int = Field(ge=1, description="B_global = M * b")
+    batch_size: int = Field(ge=1, description="a worker's batch b (the config's batch_rule applied)")
+    lr_factor: float = Field(gt=0, description="the base rate's scale after the warmup (lr_scaling)")
+    decay_steps: list[int] = Field(default_factory=list, description="steps at which step decay applies")
     n_train_samples: int = Field(ge=1, description="training samples N")
     scaling: Optional[str] = Field(None, description="scaling.json of the HEP features (None for images)")
     eval: dict[str, str] = Field(description="split name -> Parquet directory (test is required)")
@@ -38,6 +41,7 @@ class TrainingPlan(BaseModel):
     def _consistent(self) -> "TrainingPlan":
         if "test" not in self.eval:
             raise ValueError("eval has no test split")
-        if self.global_batch % self.workers:
-            raise ValueError(f"global_batch={self.global_batch} is not a multiple of workers={self.workers}")
+        if self.global_batch != self.batch_size * self.workers:
+            raise ValueError(f"global_batch={self.global_batch} is not batch_size * workers "
+                             f"({self.batch_size} * {self.workers})")
         return self

@@ -42,7 +42,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .augment import crop_flip
 from .digest import param_digest
+from .optimizers import make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +53,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch.manual_seed(seed)
-
-
-def make_optimizer(cfg, params):
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay)
-    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 class Meter:
@@ -140,10 +135,10 @@ class Worker:
         self.shard = self.manifest.workers[self.rank]
         self.scaling = load_scaling(plan.scaling)
         seed_everything(cfg.seed)
-        self.model = build_model(cfg.model, plan.num_classes, plan.shape).to(device)
+        self.model = build_model(cfg.model, plan.num_classes, plan.shape, init=cfg.init).to(device)
         with comm.stats_paused():
             comm.broadcast_(list(self.model.state_dict().values()), root=0)
-        self.optimizer = make_optimizer(cfg, self.model.parameters())
+        self.optimizer = make_optimizer(cfg, self.model.parameters(), switch_step=plan.warmup_steps)
         self.averager = ModelAverager(self.model, self.optimizer, comm, cfg.policy.batchnorm, cfg.policy.momentum)
         ctx = BuildContext(self.model, self.optimizer, comm, self.averager,
                            groups=[w.group for w in self.manifest.workers], seed=cfg.seed)
@@ -190,7 +185,7 @@ class Worker:
         cfg, ld = self.cfg, self.cfg.loader
         seed = epoch_seed(cfg.seed, self.shard.seed, epoch)
         budget = None if ld.memory_budget_mb is None else int(ld.memory_budget_mb * (1 << 20))
-        with ShardReader(self.shard.path, cfg.batch_size, self.plan.features, seed=seed,
+        with ShardReader(self.shard.path, self.plan.batch_size, self.plan.features, seed=seed,
                          shuffle_buffer=cfg.shuffle_buffer, scaling=self.scaling, device=self.device, mode=ld.mode,
                          memory_budget=budget, decode_threads=ld.decode_threads, prefetch=ld.prefetch,
                          engine=ld.engine, progress=self.beat) as reader:
@@ -207,9 +202,12 @@ class Worker:
         straggler simulator), ``algo.step()``; then the debug hooks. Returns the loss."""
         from .schedule import lr_at, set_lr
 
-        cfg = self.cfg
+        cfg, plan = self.cfg, self.plan
         t0 = time.perf_counter()
-        set_lr(self.optimizer, lr_at(lr_step, cfg.lr, self.world, cfg.lr_scaling, self.plan.warmup_steps))
+        set_lr(self.optimizer, lr_at(lr_step, cfg.lr, plan.lr_factor, plan.warmup_steps, plan.decay_steps,
+                                     cfg.lr_decay_factor, cfg.warmup_lr if cfg.warmup_optimizer == "sgd" else None))
+        if cfg.augment != "none" and plan.features == "image":
+            inputs = (crop_flip(inputs[0]),) + tuple(inputs[1:])
         self.algo.zero_grad()
         with self.stragglers.compute():
             loss = F.cross_entropy(self.model(*inputs), y)
@@ -287,7 +285,7 @@ class Worker:
         return ev[self.cfg.eval_split] if self.cfg.eval_split in ev else ev["test"]
 
     def record(self, split: str, res: dict, whole_run: bool = False) -> dict:
-        return self.meter.record(split, res, self.step, self.cfg.batch_size, self.world, self.elapsed0,
+        return self.meter.record(split, res, self.step, self.plan.batch_size, self.world, self.elapsed0,
                                  self.plan.epoch_steps, whole_run)
 
     def log_eval(self, **extra) -> dict:
@@ -352,7 +350,7 @@ class Worker:
                                                     "num_classes": self.plan.num_classes,
                                                     "shape": self.plan.shape, "step": self.step})
         last_checkpoint = self.checkpoint(ckpt_step) or last_checkpoint
-        mine = {"rank": self.rank, "steps": self.step, "samples_processed": self.step * self.cfg.batch_size,
+        mine = {"rank": self.rank, "steps": self.step, "samples_processed": self.step * self.plan.batch_size,
                 "final_digest": param_digest(self.model.parameters()), "digests": self.digests,
                 "comm": self.comm.stats.snapshot(), "train_seconds": self.meter.train_s,
                 **self.stragglers.stats(), **self.algo.summary_stats(), **extra}

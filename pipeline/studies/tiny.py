@@ -1,0 +1,32 @@
+"""A study at a tiny size (``tiny: true`` in the study file, or ``--set tiny=true``): the same cells'
+configs on little data for a few steps, to check that a study runs end to end before its real run.
+
+What shrinks: one seed; two cells (the first two variants with each grid factor's first value, or,
+without variants or with both, the first two values of the first grid factor, the first value of the
+others and the first variant; shipped studies list their baseline first, so the baseline selection
+keeps matching); training stops after
+``TRAIN["max_steps"]`` steps and validates every ``TRAIN["eval_every"]``; image studies ingest the first
+``IMAGES["ingest.limit"]`` records (Fashion-MNIST: its 10,000 test images, then 10,000 training images);
+HEP studies generate ``HEP["events_per_class"]`` events per class and train with a batch of
+``HEP["train.batch_size"]`` per worker (the shards of many workers are small). What stays: the workers,
+layouts, algorithms, optimizers and schedules of every kept cell.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+TRAIN: dict[str, Any] = {"train.max_steps": 4, "train.eval_every": 2, "train.progress": False,
+                         "train.checkpoint_every": 0}
+IMAGES: dict[str, Any] = {"ingest.limit": 20000}
+HEP: dict[str, Any] = {"events_per_class": 300, "train.batch_size": 8}
+
+
+def shrink(spec):
+    """The tiny version of a StudyConfig (see the module docstring); ``spec`` itself is unchanged."""
+    f = spec.factors
+    keys = list(f.grid)
+    first_two = bool(keys) and len(f.grid[keys[0]]) > 1
+    grid = {k: v[:2] if (i == 0 and first_two) else v[:1] for i, (k, v) in enumerate(f.grid.items())}
+    factors = f.model_copy(update={"grid": grid, "variants": f.variants[:1] if first_two else f.variants[:2]})
+    fixed = {**spec.fixed, **TRAIN, **(IMAGES if spec.workflow == "images" else HEP)}
+    return spec.model_copy(update={"factors": factors, "fixed": fixed, "seeds": spec.seed_list()[:1], "tiny": False})
