@@ -1,5 +1,5 @@
 """Cutting a sequence of sized items into consecutive groups: the one greedy rule of the pipeline
-(fused communication buckets in ``train.comm.fusion``, LLF files in ``features.stage``)."""
+(fused communication buckets in ``train.comm.fusion``, LLF files in ``features.writers``)."""
 from __future__ import annotations
 
 from typing import Sequence
