@@ -28,17 +28,21 @@ def _ipc_options(compression: str):
 def save_block(block, path: str, batch_rows: int = IPC_BATCH_ROWS, *, compression: str) -> None:
     """The selected events' llf (real particles, :func:`~pipeline.features.rows.llf_lists`),
     n_particles, hlf in event order, as one Arrow IPC file (``compression``: none, lz4 or zstd
-    buffers), written under a temporary name and renamed, so a retried task never leaves half a
-    file."""
+    buffers), written under a hidden temporary name (removed if the write fails) and renamed, so a
+    retried task never leaves half a file."""
     import pyarrow as pa
 
     table = pa.table({"llf": llf_lists(block.llf, block.n_particles),
                       "n_particles": pa.array(block.n_particles, pa.int32()), "hlf": fixed_lists(block.hlf)})
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     options = _ipc_options(compression)
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as writer:
-        writer.write_table(table, max_chunksize=batch_rows)
-    os.replace(tmp, path)
+    try:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as writer:
+            writer.write_table(table, max_chunksize=batch_rows)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def read_batches(path: str) -> Iterator:

@@ -72,7 +72,6 @@ def llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_b
     driver's assignment (``codes``: the split index per selected event, -1 where balancing drops
     it), written in row groups of at most ``row_group_bytes``."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     schema = output_schema(True)
     for batch in batches:
@@ -80,30 +79,49 @@ def llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_b
         for gid, works, offsets, labels, codes in zip(d["group"], d["works"], d["offsets"], d["labels"],
                                                       d["codes"]):
             codes_all = np.frombuffer(codes, np.int8)
-            name = os.path.join(out_dir, f"part-{gid:05d}.parquet")
-            tmp, rows, at = f"{name}.{os.getpid()}.tmp", 0, 0
-            with pq.ParquetWriter(tmp, schema, **parquet_options(schema)) as writer:
-                out = RowGroups(writer, row_group_bytes)
-                for work, off, lab in zip(works, offsets, labels):
-                    pos = 0
-                    for t in workfiles.read_batches(os.path.join(work_dir, work)):
-                        m = t.num_rows
-                        c = codes_all[at + pos:at + pos + m]
-                        keep = np.flatnonzero(c >= 0)
-                        if len(keep):
-                            t = t.take(pa.array(keep)) if len(keep) < m else t
-                            out.add(pa.table({
-                                "sample_id": pa.array(keep.astype(np.int64) + off + pos, pa.int64()),
-                                "label": pa.array(np.full(len(keep), lab, np.int64)),
-                                "split": split_names(c[keep]), "llf": t.column("llf"),
-                                "n_particles": t.column("n_particles"), "hlf": t.column("hlf")}, schema=schema))
-                            rows += len(keep)
-                        pos += m
-                    at += pos
-                out.close()
-            os.replace(tmp, name)
+            name = os.path.join(out_dir, _llf_name(gid))
+            # a hidden name (readers skip it) until complete, removed if this attempt fails
+            tmp = os.path.join(out_dir, f".{_llf_name(gid)}.{os.getpid()}.tmp")
+            try:
+                rows = _write_group(tmp, schema, row_group_bytes, work_dir, works, offsets, labels, codes_all)
+                os.replace(tmp, name)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
             yield pa.RecordBatch.from_arrays([pa.array([gid], pa.int32()), pa.array([rows], pa.int64())],
                                              names=["group", "rows"])
+
+
+def _llf_name(group: int) -> str:
+    return f"part-{group:05d}.parquet"
+
+
+def _write_group(path: str, schema, row_group_bytes: int, work_dir: str, works, offsets, labels, codes_all) -> int:
+    """One LLF file from its chunks' work files (see :func:`llf_partition`); the rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, at = 0, 0
+    with pq.ParquetWriter(path, schema, **parquet_options(schema)) as writer:
+        out = RowGroups(writer, row_group_bytes)
+        for work, off, lab in zip(works, offsets, labels):
+            pos = 0
+            for t in workfiles.read_batches(os.path.join(work_dir, work)):
+                m = t.num_rows
+                c = codes_all[at + pos:at + pos + m]
+                keep = np.flatnonzero(c >= 0)
+                if len(keep):
+                    t = t.take(pa.array(keep)) if len(keep) < m else t
+                    out.add(pa.table({
+                        "sample_id": pa.array(keep.astype(np.int64) + off + pos, pa.int64()),
+                        "label": pa.array(np.full(len(keep), lab, np.int64)),
+                        "split": split_names(c[keep]), "llf": t.column("llf"),
+                        "n_particles": t.column("n_particles"), "hlf": t.column("hlf")}, schema=schema))
+                    rows += len(keep)
+                pos += m
+            at += pos
+        out.close()
+    return rows
 
 
 def write_hlf(path: Path, labels: np.ndarray, hlf: np.ndarray, codes: np.ndarray, file_mb: int,
@@ -166,6 +184,10 @@ def write_llf(spark, path: Path, work_dir: Path, groups: list[tuple], row_group_
     df = task_frame(spark, groups, "group int, works array<string>, offsets array<long>, labels array<long>, "
                                    "codes binary", tasks)
     written = {r["group"]: r["rows"] for r in df.mapInArrow(spark_task(fn), "group int, rows long").collect()}
+    names = {_llf_name(g[0]) for g in groups}
+    for p in path.iterdir():   # what a killed task attempt left (its hidden temporary file)
+        if p.name not in names:
+            p.unlink()
     for g in groups:
         want = int((np.frombuffer(g[4], np.int8) >= 0).sum())
         if written.get(g[0]) != want:
