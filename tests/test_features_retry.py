@@ -31,7 +31,7 @@ from pipeline.features.stage import FeaturesConfig, build_features
 from pipeline.spark import get_spark
 
 marks = sys.argv[2]
-real = writers.llf_partition
+real = writers.write_partition
 
 
 def dies_once(batches, **kw):
@@ -50,7 +50,7 @@ def dies_once(batches, **kw):
     yield from real(batches, **kw)
 
 
-writers.llf_partition = dies_once
+writers.write_partition = dies_once
 spark = get_spark(SparkConfig(master="local[2,2]", app_name="features-retry", driver_memory="1g"))
 rep = build_features(FeaturesConfig(**json.loads(sys.argv[1])), spark=spark)
 print("REPORT " + json.dumps({"llf": rep["llf"], "written": sum(f["written"] for f in rep["files"])}))
@@ -75,8 +75,9 @@ def test_a_writer_task_killed_mid_write_is_retried_and_leaves_nothing(delphes_ro
     assert p.returncode == 0, p.stderr[-3000:]
     assert {"p0-a0", "p0-a1"} <= {m.name for m in marks.iterdir()}, sorted(os.listdir(marks))  # it was retried
     rep = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT "))[7:])
-    names = sorted(os.listdir(rep["llf"]))
-    assert names and all(n.startswith("part-") and n.endswith(".parquet") for n in names), names
-    rows = [pq.read_table(os.path.join(rep["llf"], n), columns=["sample_id"]).column(0).to_pylist() for n in names]
-    ids = [i for r in rows for i in r]
-    assert len(ids) == len(set(ids)) == rep["written"] > 10
+    for d in (rep["llf"], rep["llf"].replace("/llf", "/hlf")):
+        names = sorted(os.listdir(d))
+        assert names and all(n.startswith("part-") and n.endswith(".parquet") for n in names), names
+        rows = [pq.read_table(os.path.join(d, n), columns=["sample_id"]).column(0).to_pylist() for n in names]
+        ids = [i for r in rows for i in r]
+        assert len(ids) == len(set(ids)) == rep["written"] > 10

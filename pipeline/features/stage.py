@@ -13,13 +13,23 @@ Input, either of:
 The modules, in the order the data takes: :mod:`~pipeline.features.config` (the settings),
 :mod:`~pipeline.features.plan` (files, labels, work units, tasks), :mod:`~pipeline.features.tasks`
 (the feature pass), :mod:`~pipeline.features.workfiles` (the selected events between the
-passes), :mod:`~pipeline.features.split` (split and balancing), :mod:`~pipeline.features.rows`
-and :mod:`~pipeline.features.writers` (the Parquet datasets), :mod:`~pipeline.features.report`.
+passes), :mod:`~pipeline.features.split` (the split rule) and
+:mod:`~pipeline.features.thresholds` (its thresholds), :mod:`~pipeline.features.rows` and
+:mod:`~pipeline.features.writers` (the Parquet datasets), :mod:`~pipeline.features.report`.
 
-Flow: the feature pass (one Spark job, two when a ROOT file is larger than one chunk) leaves the
-selected events in work files and returns one status row per chunk; the driver decides the
-sample_ids, the split, the balancing and the scaling from the statuses, writes ``hlf/``; a
-second Spark pass writes ``llf/`` from the work files.
+The driver handles per-file and per-chunk metadata, counts and histograms, never per-event
+arrays:
+
+1. the feature pass (one Spark job, two when a ROOT file is larger than one chunk) leaves each
+   chunk's selected events in a work file and returns one status row per chunk (counts, error,
+   bytes);
+2. the driver numbers the events (``sample_id``: the chunks' contiguous ranges in (file, entry)
+   order, from the counts) and chooses the split and balancing thresholds from the tasks'
+   histograms of the events' seeded keys (small Spark jobs that hash sample_id ranges, no data
+   read);
+3. the writer pass applies the rule to every event of the work files and writes ``llf/`` and
+   ``hlf/``; its tasks return the rows per chunk and split and the moments of the train rows, from
+   which the driver checks the counts and fits ``scaling.json``.
 
 Bad files (unreadable, no tree, missing branch, no sample label, a chunk failing) are listed
 in ``report.json`` and logged one line each; the good files are written; then the stage raises
@@ -30,9 +40,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import BadInputError
 from ..ingest.root import Chunk
@@ -41,11 +50,13 @@ from .config import FeaturesConfig, SampleSpec
 from .layout import HLF_NAMES, LLF_NAMES, N_CLASSES, N_HLF, N_LLF_FEATURES
 from .plan import plan_units
 from .report import Tally, finish, per_file, tally
-from .rows import SCHEMA_VERSIONS, llf_row_bytes
-from .split import SPLITS, Assignment, assign
-from .tasks import N_STATS, run_units
+from .rows import SCHEMA_VERSIONS
+from .scaling import Moments, model_of
+from .split import SPLITS
+from .tasks import run_units
+from .thresholds import choose_rule
 from .workfiles import work_name
-from .writers import llf_groups, write_hlf, write_llf
+from .writers import Written, llf_groups, part_name, write_datasets, write_empty
 
 __all__ = ["FeaturesConfig", "SampleSpec", "build_features", "plan_features"]
 log = logging.getLogger(__name__)
@@ -63,47 +74,68 @@ def plan_features(cfg: FeaturesConfig) -> dict:
                         "scaling": str(out.child("scaling.json")), "report": str(out.child("report.json"))}}
 
 
-def _selected(units: list[Chunk], labels: dict, st: dict, t: Tally):
-    """Every selected event's label, HLF and LLF moments, in sample_id order, from the statuses."""
-    done = [u for u in units if u.chunk_id in t.offsets]
-    return (np.repeat(np.array([labels[u.file_index] for u in done], np.int64),
-                      [int(st[u.chunk_id]["n_selected"]) for u in done]),
-            np.concatenate([st[u.chunk_id]["hlf"] for u in done]) if done else np.zeros((0, N_HLF), np.float32),
-            np.concatenate([st[u.chunk_id]["stats"] for u in done]) if done else np.zeros((0, N_STATS)))
-
-
-def _written_counts(units: list[Chunk], st: dict, t: Tally, asg: Assignment) -> tuple[dict, dict]:
-    """({file_index: events written}, {split: events written})."""
-    per_file_: dict = {}
-    for u in units:
-        if u.chunk_id in t.offsets:
-            o = t.offsets[u.chunk_id]
-            n = int(st[u.chunk_id]["n_selected"])
-            per_file_[u.file_index] = per_file_.get(u.file_index, 0) + int(asg.keep[o:o + n].sum())
-    per_split = np.bincount(asg.split[asg.keep].astype(np.int64), minlength=len(SPLITS))
-    return per_file_, {s: int(per_split[i]) for i, s in enumerate(SPLITS)}
-
-
-def _scaling(hlf: np.ndarray, stats: np.ndarray, asg: Assignment):
-    """The scaling model of the written train events, from the tasks' per-event partial moments."""
-    from .scaling import scaling_from_events
-
-    train = (asg.split == SPLITS.index("train")) & asg.keep
-    x = stats[train]
-    return scaling_from_events(hlf[train], x[:, 0], x[:, 1:1 + N_LLF_FEATURES], x[:, 1 + N_LLF_FEATURES:])
-
-
-def _llf_chunks(units: list[Chunk], st: dict, t: Tally, codes: np.ndarray, labels: dict) -> list[tuple]:
-    """Per chunk with selected events: (work file, first sample_id, label, codes, kept llf bytes)."""
-    out = []
+def _ranges(units: list[Chunk], st: dict, t: Tally, labels: dict) -> list[tuple[int, int, int]]:
+    """The selected events as (first sample_id, stop, label) ranges: one per chunk, merged where
+    consecutive chunks share a label."""
+    out: list = []
     for u in units:
         n = int(st[u.chunk_id]["n_selected"]) if u.chunk_id in t.offsets else 0
-        if n:
-            o = t.offsets[u.chunk_id]
-            c = codes[o:o + n]
-            out.append((work_name(u.file_index, u.entry_start), o, int(labels[u.file_index]), c,
-                        int(llf_row_bytes(st[u.chunk_id]["stats"][:, 0])[c >= 0].sum())))
+        if not n:
+            continue
+        a, lab = t.offsets[u.chunk_id], int(labels[u.file_index])
+        if out and out[-1][1] == a and out[-1][2] == lab:
+            out[-1] = (out[-1][0], a + n, lab)
+        else:
+            out.append((a, a + n, lab))
     return out
+
+
+def _groups(units: list[Chunk], st: dict, t: Tally, labels: dict, counts: dict, cfg: FeaturesConfig,
+            slots: int) -> tuple[list[tuple], list[int], list[Chunk]]:
+    """The writer tasks' groups (group, work files, first sample_ids, labels, chunk indices), their
+    expected llf/ bytes (each chunk's selected bytes times its class's kept fraction) and the
+    chunks with selected events."""
+    done = [u for u in units if u.chunk_id in t.offsets and int(st[u.chunk_id]["n_selected"])]
+    kept = {lab: sum(counts[(s, lab)] for s in SPLITS) / n for lab, n in t.per_label.items() if n}
+    sizes = [int(st[u.chunk_id]["llf_bytes"] * kept[labels[u.file_index]]) for u in done]
+    groups, packed = [], llf_groups(sizes, cfg.file_mb, slots)
+    for g, idx in enumerate(packed):
+        us = [done[i] for i in idx]
+        groups.append((g, [work_name(u.file_index, u.entry_start) for u in us], [t.offsets[u.chunk_id] for u in us],
+                       [int(labels[u.file_index]) for u in us], [u.chunk_id for u in us]))
+    return groups, [sum(sizes[i] for i in idx) for idx in packed], done
+
+
+def _check_written(w: Written, groups: list[tuple], st: dict, done: list[Chunk], counts: dict,
+                   labels: dict) -> None:
+    """Every chunk's work file read whole, every group's file written, the rows per class and split
+    those of the rule: a work file lost or cut short, or a task that wrote too little, fails the
+    stage with one line."""
+    for u in done:
+        rows = w.chunks.get(u.chunk_id, (None, None))[0]
+        if rows != int(st[u.chunk_id]["n_selected"]):
+            raise RuntimeError(f"work file {work_name(u.file_index, u.entry_start)}: {rows} events read back, "
+                               f"{st[u.chunk_id]['n_selected']} selected")
+    missing = {f"llf/{part_name(g[0])}" for g in groups} - set(w.files)
+    if missing:
+        raise RuntimeError(f"{sorted(missing)[0]}: not written by the writer tasks")
+    got: dict = {}
+    for u in done:
+        for s, n in zip(SPLITS, w.chunks[u.chunk_id][1]):
+            got[(s, labels[u.file_index])] = got.get((s, labels[u.file_index]), 0) + n
+    for key, n in counts.items():
+        if got.get(key, 0) != n:
+            raise RuntimeError(f"features: {got.get(key, 0)} {key[0]} events of class {key[1]} written, the "
+                               f"split has {n}")
+
+
+def _remove_strays(root: Path, files: list[str]) -> None:
+    """Remove from hlf/ and llf/ what the tasks did not report (what a killed attempt left)."""
+    keep = set(files)
+    for name in ("hlf", "llf"):
+        for p in (root / name).iterdir():
+            if f"{name}/{p.name}" not in keep:
+                p.unlink()
 
 
 def build_features(cfg: FeaturesConfig, spark=None) -> dict:
@@ -130,35 +162,44 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     spark = spark or get_spark(cfg.spark)
     check_staging(spark.sparkContext.master, out, "feature")
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
+    received: Counter = Counter()
     with atomic_output_dir(out) as tmp:
         work = tmp / "_work"    # the selected events between the Spark passes (removed before commit)
         work.mkdir()
-        units, st = run_units(spark, files, units, work, cfg, t_start)
+        units, st = run_units(spark, files, units, work, cfg, t_start, received)
         if not [f for f in files if not f.error]:    # nothing to write: no output at all
             first = files[0]
             raise BadInputError(f"no input file could be used; {first.path}: {first.error}")
         t = tally(files, units, labels, st)
-        sel_labels, sel_hlf, sel_stats = _selected(units, labels, st, t)
-        asg = assign(sel_labels, list(t.per_label), cfg.seed, cfg.test_fraction, cfg.val_fraction,
-                     cfg.balance_classes)
-        counts, n_written = asg.counts, int(asg.keep.sum())
-        wr, split_counts = _written_counts(units, st, t, asg)
-        wr_file = {f.file_index: wr.get(f.file_index, 0) for f in files}
-        model = _scaling(sel_hlf, sel_stats, asg)
+        rule, counts, received["split"] = choose_rule(spark, _ranges(units, st, t, labels), t.per_label, cfg.seed,
+                                                      cfg.test_fraction, cfg.val_fraction, cfg.balance_classes)
+        log.info("features: split%s decided (%.1f s)", " and balancing" if cfg.balance_classes else "",
+                 time.time() - t_start)
+        groups, sizes, done = _groups(units, st, t, labels, counts, cfg, spark.sparkContext.defaultParallelism)
+        for name in ("hlf", "llf"):
+            (tmp / name).mkdir()
+        if groups:
+            w = write_datasets(spark, tmp, work, groups, sizes, rule, cfg)
+            received["write"] += w.received
+            _check_written(w, groups, st, done, counts, labels)
+            _remove_strays(tmp, w.files)
+            model, written = model_of(w.hlf, w.llf), w.chunks
+        else:
+            write_empty(tmp)
+            model, written = model_of(Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES)), {}
         model.save(tmp / "scaling.json")
-        log.info("features: split%s and scaling (%d train events) done (%.1f s)",
-                 " and balancing" if cfg.balance_classes else "", model.hlf_count, time.time() - t_start)
-        codes = np.where(asg.keep, asg.split, -1).astype(np.int8)
-        write_hlf(tmp / "hlf", sel_labels, sel_hlf, codes, cfg.file_mb, cfg.hlf_row_group_mb)
-        groups = llf_groups(_llf_chunks(units, st, t, codes, labels), cfg.file_mb,
-                            spark.sparkContext.defaultParallelism)
-        write_llf(spark, tmp / "llf", work, groups, cfg.llf_row_group_mb)
         shutil.rmtree(work)
         # the schema from the Parquet footers; the values' constraints (no nulls, list lengths) hold
         # by construction: every row comes from numpy blocks of fixed width or of 19 x n_particles
         for name in ("hlf", "llf"):
             validate_parquet(tmp / name, load_schema(name, SCHEMA_VERSIONS[name], schema_dir), check_data=False)
-        log.info("features: hlf/ and llf/ written (%d LLF file(s)) (%.1f s)", len(groups), time.time() - t_start)
+        log.info("features: hlf/ and llf/ written (%d LLF file(s), %d train events in the scaling) (%.1f s)",
+                 len(groups), model.hlf_count, time.time() - t_start)
+        wr_file = {f.file_index: 0 for f in files}
+        for u in done:
+            wr_file[u.file_index] += sum(written[u.chunk_id][1])
+        split_counts = {s: sum(counts[(s, lab)] for lab in t.per_label) for s in SPLITS}
+        n_written = sum(split_counts.values())
         files_rep = per_file(files, labels, t, wr_file)
         report = {"job": "features", "files": files_rep,
                   "bad_files": [{"file": p["file"], "reason": p["error"]} for p in files_rep if p["error"]],
@@ -168,7 +209,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
                   "hlf": str(out.child("hlf")), "llf": str(out.child("llf")),
                   "scaling": str(out.child("scaling.json")), "report": str(out.child("report.json")),
                   "hlf_names": list(HLF_NAMES), "llf_names": list(LLF_NAMES),
-                  "seconds": round(time.time() - t_start, 3)}
+                  "driver_received_bytes": dict(received), "seconds": round(time.time() - t_start, 3)}
         write_json(tmp / "report.json", report)
     finish(report, out, len(files), n_written, split_counts, cfg.allow_bad_files)
     return report

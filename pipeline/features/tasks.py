@@ -15,28 +15,26 @@ import time
 from pathlib import Path
 from typing import Iterator, Union
 
-import numpy as np
-
 from ..errors import BadInputError
 from ..ingest.root import FILE_TIMEOUT_S, Chunk, FileInfo, ReadTimeout, parse_step_size
 from ..spark import spark_task, task_frame
 from . import delphes as D
 from . import workfiles
 from .config import FeaturesConfig
-from .layout import N_HLF, N_LLF_FEATURES, N_PARTICLES
 from .plan import WHOLE_FILE, pack_units, unit_entries
+from .rows import llf_row_bytes
 
 log = logging.getLogger(__name__)
 
 #: the status row of a work unit (Spark DDL of :func:`_status_schema`): the chunk processed
 #: (``entry_start``, ``entry_stop``; :data:`~pipeline.features.plan.WHOLE_FILE` when none was),
 #: for a whole ROOT file its ``entries`` and entry ranges (``starts``, ``stops``; -1 and empty
-#: otherwise), the counts, the error, the selected events' HLF and per-event moments
+#: otherwise), the counts, the error and the llf/ bytes of the selected events (to size the
+#: files): per-chunk metadata only, nothing per event
 _STATUS_DDL = ("file_index int, entry_start long, entry_stop long, entries long, starts array<long>, "
-               "stops array<long>, n_read long, n_selected long, error string, hlf array<float>, stats array<double>")
-#: per selected event, the status row's ``stats``: n_particles, then the mean and the M2 of each LLF
-#: feature over the event's real particles (the partial moments of the scaling fit)
-N_STATS = 1 + 2 * N_LLF_FEATURES
+               "stops array<long>, n_read long, n_selected long, error string, llf_bytes long")
+_STATUS_FIELDS = ("file_index", "entry_start", "entry_stop", "entries", "starts", "stops", "n_read", "n_selected",
+                  "error", "llf_bytes")
 
 
 def _status_schema():
@@ -44,7 +42,7 @@ def _status_schema():
     return pa.schema([("file_index", pa.int32()), ("entry_start", pa.int64()), ("entry_stop", pa.int64()),
                       ("entries", pa.int64()), ("starts", pa.list_(pa.int64())), ("stops", pa.list_(pa.int64())),
                       ("n_read", pa.int64()), ("n_selected", pa.int64()), ("error", pa.string()),
-                      ("hlf", pa.list_(pa.float32())), ("stats", pa.list_(pa.float64()))])
+                      ("llf_bytes", pa.int64())])
 
 
 def _reason(e: BaseException) -> str:
@@ -52,15 +50,6 @@ def _reason(e: BaseException) -> str:
     if isinstance(e, (BadInputError, ReadTimeout)):
         return str(e)
     return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
-
-
-def _event_stats(block) -> np.ndarray:
-    """(k, N_STATS) float64 partial moments of the selected events of one chunk."""
-    from .kernels import event_moments
-
-    k = len(block.index)
-    mean, m2 = event_moments(block.llf.reshape(k, N_PARTICLES, N_LLF_FEATURES), block.n_particles)
-    return np.column_stack([block.n_particles.astype(np.float64), mean, m2]).reshape(k, N_STATS)
 
 
 def _read_unit(path: str, tree: str, a: int, b: int, timeout_s: float = FILE_TIMEOUT_S):
@@ -107,33 +96,29 @@ def feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int,
     for batch in batches:
         d = batch.to_pydict()
         for fi, path, tree, a, b in zip(d["file_index"], d["path"], d["tree"], d["entry_start"], d["entry_stop"]):
-            err, n_read, n_sel, hlf, stats, block = None, 0, 0, [], [], None
+            err, n_read, n_sel, n_bytes, block = None, 0, 0, 0, None
             entries, ranges = -1, []
             try:
                 ev, a, b, entries, ranges = _open_unit(path, tree, a, b, mode, size, file_timeout_s)
                 if ev is not None:
                     block = D.compute_features(ev)
                     n_read, n_sel = block.n_read, len(block.index)
-                    hlf, stats = block.hlf.reshape(-1), _event_stats(block).reshape(-1)
+                    n_bytes = int(llf_row_bytes(block.n_particles).sum())
             except Exception as e:  # noqa: BLE001 - the driver reports the file
-                err, n_sel, hlf, stats = _reason(e), 0, [], []
+                err, n_sel, n_bytes = _reason(e), 0, 0
             if n_sel:  # outside the try: a full disk fails the stage, it is not the input file's fault
                 workfiles.save_block(block, os.path.join(work_dir, workfiles.work_name(fi, a)), batch_rows,
                                      compression=compression)
             yield pa.RecordBatch.from_pydict({
                 "file_index": [fi], "entry_start": [a], "entry_stop": [b], "entries": [entries],
                 "starts": [[x for x, _ in ranges]], "stops": [[y for _, y in ranges]], "n_read": [n_read],
-                "n_selected": [n_sel], "error": [err],
-                "hlf": pa.ListArray.from_arrays(pa.array([0, len(hlf)], pa.int32()), pa.array(hlf, pa.float32())),
-                "stats": pa.ListArray.from_arrays(pa.array([0, len(stats)], pa.int32()),
-                                                  pa.array(stats, pa.float64()))},
-                schema=schema)
+                "n_selected": [n_sel], "error": [err], "llf_bytes": [n_bytes]}, schema=schema)
 
 
-def _feature_pass(spark, units: list[Chunk], work_dir: Path, cfg: FeaturesConfig) -> list[dict]:
-    """One Spark job of :func:`feature_partition` over the work units: their status rows, with
-    ``hlf`` (k, N_HLF) and ``stats`` (k, N_STATS) as numpy arrays. The selected events themselves
-    wait in ``work_dir`` (one Arrow file per chunk)."""
+def _feature_pass(spark, units: list[Chunk], work_dir: Path, cfg: FeaturesConfig, received) -> list[dict]:
+    """One Spark job of :func:`feature_partition` over the work units: their status rows (the
+    selected events themselves wait in ``work_dir``, one Arrow file per chunk); the bytes the
+    driver received are counted in ``received`` (a Counter)."""
     fn = functools.partial(feature_partition, work_dir=str(work_dir), step_size=cfg.step_size,
                            file_timeout_s=cfg.file_timeout_s,
                            batch_rows=workfiles.IPC_BATCH_ROWS,  # read at call time: a test may shrink it
@@ -142,22 +127,16 @@ def _feature_pass(spark, units: list[Chunk], work_dir: Path, cfg: FeaturesConfig
     rows = [(u.file_index, u.path, u.tree, u.entry_start, u.entry_stop) for u in units]
     df = task_frame(spark, rows, "file_index int, path string, tree string, entry_start long, entry_stop long", tasks)
     table = df.mapInArrow(spark_task(fn), _STATUS_DDL).toArrow()
-    out = []
-    for i in range(table.num_rows):
-        s = {c: table.column(c)[i].as_py() for c in ("file_index", "entry_start", "entry_stop", "entries", "starts",
-                                                      "stops", "n_read", "n_selected", "error")}
-        s["hlf"] = table.column("hlf")[i].values.to_numpy(zero_copy_only=False).reshape(-1, N_HLF)
-        s["stats"] = table.column("stats")[i].values.to_numpy(zero_copy_only=False).reshape(-1, N_STATS)
-        out.append(s)
-    return out
+    received["features"] += table.nbytes
+    return table.select(list(_STATUS_FIELDS)).to_pylist()
 
 
 def run_units(spark, files: list[FileInfo], units: list[Chunk], work_dir: Path, cfg: FeaturesConfig,
-              t_start: float) -> tuple[list[Chunk], dict]:
+              t_start: float, received) -> tuple[list[Chunk], dict]:
     """The feature pass over the work units, and a second one over the chunks of the ROOT files
     that are more than one chunk: (every chunk processed, in (file, entry) order and numbered so;
     {chunk_id: status}). The files' entries, chunk counts and errors are filled in ``files``."""
-    rows = _feature_pass(spark, units, work_dir, cfg) if units else []
+    rows = _feature_pass(spark, units, work_dir, cfg, received) if units else []
     more = []
     for r in rows:
         f = files[r["file_index"]]
@@ -168,7 +147,7 @@ def run_units(spark, files: list[FileInfo], units: list[Chunk], work_dir: Path, 
     if more:
         log.info("features: %d chunk(s) of %d large file(s) -> a second pass", len(more),
                  len({c.file_index for c in more}))
-        rows += _feature_pass(spark, more, work_dir, cfg)
+        rows += _feature_pass(spark, more, work_dir, cfg, received)
     for r in rows:
         f = files[r["file_index"]]
         if r["error"] and not f.error:

@@ -1,11 +1,18 @@
-"""Writing ``hlf/`` and ``llf/`` with pyarrow (never through Spark's row format): row groups of a
-byte budget, the LLF writer task of the second Spark pass and the driver side that packs chunks
-into files."""
+"""Writing ``hlf/`` and ``llf/`` with pyarrow (never through Spark's row format): the writer task
+of the second Spark pass, which applies the split rule to the work files' events and writes both
+datasets, and the driver side that packs chunks into files and checks what the tasks wrote.
+
+Each group of consecutive chunks becomes one ``llf/`` file; each task writes one ``hlf/`` file for
+its consecutive groups (a new one when it reaches ``file_mb``). Files are written under hidden
+temporary names (readers skip them), renamed when complete and removed when the attempt fails;
+the tasks return the files they wrote, the rows per chunk and split, and the moments of the train
+rows they wrote (the scaling fit), never the rows."""
 from __future__ import annotations
 
 import functools
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -14,9 +21,10 @@ import numpy as np
 from ..packing import consecutive_groups
 from ..spark import spark_task, task_frame
 from . import workfiles
+from .layout import N_HLF, N_LLF_FEATURES
 from .plan import balanced_tasks
-from .rows import (HLF_ROW_BYTES, fixed_lists, llf_row_bytes, output_schema, parquet_options, rows_per_group,
-                   split_names)
+from .rows import HLF_ROW_BYTES, llf_row_bytes, output_schema, parquet_options, split_names
+from .split import SPLITS, SplitRule
 
 
 def row_group_cuts(row_bytes: np.ndarray, budget: int, final: bool) -> list[int]:
@@ -34,8 +42,15 @@ def row_group_cuts(row_bytes: np.ndarray, budget: int, final: bool) -> list[int]
     return cuts
 
 
+def _row_bytes(table) -> np.ndarray:
+    """Bytes of values of each row of an hlf/ or llf/ table."""
+    if "n_particles" in table.column_names:
+        return llf_row_bytes(table.column("n_particles").to_numpy())
+    return np.full(table.num_rows, HLF_ROW_BYTES, np.int64)
+
+
 class RowGroups:
-    """Buffers LLF rows for a ParquetWriter and writes row groups of at most ``budget`` bytes of
+    """Buffers rows for a ParquetWriter and writes row groups of at most ``budget`` bytes of
     values (:func:`row_group_cuts`; the last one of the file may be smaller): small tables from
     many chunks never make small row groups."""
 
@@ -44,7 +59,7 @@ class RowGroups:
 
     def add(self, table) -> None:
         self.pending.append(table)
-        self.sizes.append(llf_row_bytes(table.column("n_particles").to_numpy()))
+        self.sizes.append(_row_bytes(table))
         self.bytes += int(self.sizes[-1].sum())
         if self.bytes > self.budget:
             self._write(final=False)
@@ -66,130 +81,193 @@ class RowGroups:
         self.bytes = int(sizes[start:].sum())
 
 
-def llf_partition(batches: Iterator, *, work_dir: str, out_dir: str, row_group_bytes: int) -> Iterator:
-    """One LLF file per group of consecutive chunks: each chunk's work file, batch by batch, its
-    rows filtered and given ``sample_id`` (offset + position), ``label`` and ``split`` from the
-    driver's assignment (``codes``: the split index per selected event, -1 where balancing drops
-    it), written in row groups of at most ``row_group_bytes``."""
-    import pyarrow as pa
+class PartFile:
+    """One Parquet part of hlf/ or llf/: written under a hidden temporary name through
+    :class:`RowGroups`, renamed by :meth:`close`, removed by :meth:`abort`."""
 
-    schema = output_schema(True)
-    for batch in batches:
-        d = batch.to_pydict()
-        for gid, works, offsets, labels, codes in zip(d["group"], d["works"], d["offsets"], d["labels"],
-                                                      d["codes"]):
-            codes_all = np.frombuffer(codes, np.int8)
-            name = os.path.join(out_dir, _llf_name(gid))
-            # a hidden name (readers skip it) until complete, removed if this attempt fails
-            tmp = os.path.join(out_dir, f".{_llf_name(gid)}.{os.getpid()}.tmp")
-            try:
-                rows = _write_group(tmp, schema, row_group_bytes, work_dir, works, offsets, labels, codes_all)
-                os.replace(tmp, name)
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-            yield pa.RecordBatch.from_arrays([pa.array([gid], pa.int32()), pa.array([rows], pa.int64())],
-                                             names=["group", "rows"])
+    def __init__(self, directory: str, name: str, with_llf: bool, budget: int) -> None:
+        import pyarrow.parquet as pq
+
+        self.name, self.final = name, os.path.join(directory, name)
+        self.tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+        self.schema = output_schema(with_llf)
+        self.writer = pq.ParquetWriter(self.tmp, self.schema, **parquet_options(self.schema))
+        self.groups, self.rows, self.bytes = RowGroups(self.writer, budget), 0, 0
+
+    def add(self, table) -> None:
+        import pyarrow as pa
+
+        table = pa.Table.from_arrays([table.column(n) for n in self.schema.names], schema=self.schema)
+        self.bytes += int(_row_bytes(table).sum())
+        self.rows += table.num_rows
+        self.groups.add(table)
+
+    def close(self) -> str:
+        self.groups.close()
+        self.writer.close()
+        os.replace(self.tmp, self.final)
+        return self.name
+
+    def abort(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            if os.path.exists(self.tmp):
+                os.remove(self.tmp)
 
 
-def _llf_name(group: int) -> str:
+def part_name(group: int) -> str:
     return f"part-{group:05d}.parquet"
 
 
-def _write_group(path: str, schema, row_group_bytes: int, work_dir: str, works, offsets, labels, codes_all) -> int:
-    """One LLF file from its chunks' work files (see :func:`llf_partition`); the rows written."""
+#: the writer task's output: one row per chunk (``chunk`` >= 0: the rows of its work file and the
+#: rows written per split), then one row per task (``chunk`` -1: the files written and the moments
+#: of the train rows written)
+_WRITE_DDL = ("chunk int, rows long, written array<long>, files array<string>, hlf_n double, "
+              "hlf_mean array<double>, hlf_m2 array<double>, llf_n double, llf_mean array<double>, "
+              "llf_m2 array<double>")
+
+
+def _write_schema():
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    rows, at = 0, 0
-    with pq.ParquetWriter(path, schema, **parquet_options(schema)) as writer:
-        out = RowGroups(writer, row_group_bytes)
-        for work, off, lab in zip(works, offsets, labels):
-            pos = 0
-            for t in workfiles.read_batches(os.path.join(work_dir, work)):
-                m = t.num_rows
-                c = codes_all[at + pos:at + pos + m]
-                keep = np.flatnonzero(c >= 0)
-                if len(keep):
-                    t = t.take(pa.array(keep)) if len(keep) < m else t
-                    out.add(pa.table({
-                        "sample_id": pa.array(keep.astype(np.int64) + off + pos, pa.int64()),
-                        "label": pa.array(np.full(len(keep), lab, np.int64)),
-                        "split": split_names(c[keep]), "llf": t.column("llf"),
-                        "n_particles": t.column("n_particles"), "hlf": t.column("hlf")}, schema=schema))
-                    rows += len(keep)
-                pos += m
-            at += pos
-        out.close()
-    return rows
+    d = pa.list_(pa.float64())
+    return pa.schema([("chunk", pa.int32()), ("rows", pa.int64()), ("written", pa.list_(pa.int64())),
+                      ("files", pa.list_(pa.string())), ("hlf_n", pa.float64()), ("hlf_mean", d), ("hlf_m2", d),
+                      ("llf_n", pa.float64()), ("llf_mean", d), ("llf_m2", d)])
 
 
-def write_hlf(path: Path, labels: np.ndarray, hlf: np.ndarray, codes: np.ndarray, file_mb: int,
-              row_group_mb: float) -> None:
-    """``hlf/`` on the driver from every selected event's label and HLF (sample_id order):
-    ``file_mb`` files, row groups of ``row_group_mb``."""
+def write_partition(batches: Iterator, *, work_dir: str, out_dir: str, rule: dict, llf_budget: int,
+                    hlf_budget: int, file_bytes: int) -> Iterator:
+    """The ``mapInArrow`` function of the second pass. Per group (``group, works, offsets, labels,
+    chunks``: consecutive chunks, their work files, first sample_ids and labels): the work files'
+    events, batch by batch, given ``sample_id``, ``label`` and their split by the
+    :class:`~pipeline.features.split.SplitRule` (dropped where balancing drops them), written to
+    ``out_dir/llf/part-<group>`` and to this task's ``out_dir/hlf/`` file."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    keep = np.flatnonzero(codes >= 0)
-    schema = output_schema(False)
-    table = pa.table({"sample_id": pa.array(keep.astype(np.int64)), "label": pa.array(labels[keep]),
-                      "split": split_names(codes[keep]), "hlf": fixed_lists(hlf[keep].astype(np.float32))},
-                     schema=schema)
-    path.mkdir(parents=True, exist_ok=True)
-    n_files = max(1, math.ceil(len(keep) * HLF_ROW_BYTES / (file_mb << 20)))
-    per_file = max(1, math.ceil(len(keep) / n_files))
-    rows = rows_per_group(row_group_mb, HLF_ROW_BYTES)
-    for i in range(n_files):
-        pq.write_table(table.slice(i * per_file, per_file), path / f"part-{i:05d}.parquet", row_group_size=rows,
-                       **parquet_options(schema))
+    from .scaling import Moments
+
+    rule_ = SplitRule.from_json(rule)
+    acc = [Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES)]
+    files, hlf, llf = [], None, None
+    schema = _write_schema()
+    try:
+        for batch in batches:
+            d = batch.to_pydict()
+            for gid, works, offsets, labels, chunks in zip(d["group"], d["works"], d["offsets"], d["labels"],
+                                                           d["chunks"]):
+                if hlf is None or hlf.bytes >= file_bytes:
+                    if hlf is not None:
+                        files.append("hlf/" + hlf.close())
+                    hlf = PartFile(os.path.join(out_dir, "hlf"), part_name(gid), False, hlf_budget)
+                llf = PartFile(os.path.join(out_dir, "llf"), part_name(gid), True, llf_budget)
+                for work, off, lab, cid in zip(works, offsets, labels, chunks):
+                    rows, written = _copy_chunk(os.path.join(work_dir, work), off, lab, rule_, llf, hlf, acc)
+                    yield pa.RecordBatch.from_pylist([{"chunk": cid, "rows": rows, "written": written}],
+                                                     schema=schema)
+                files.append("llf/" + llf.close())
+                llf = None
+        if hlf is not None:
+            files.append("hlf/" + hlf.close())
+            hlf = None
+    except BaseException:
+        for f in (hlf, llf):
+            if f is not None:
+                f.abort()
+        raise
+    h, l_ = acc
+    yield pa.RecordBatch.from_pylist([{"chunk": -1, "files": files, "hlf_n": h.n, "hlf_mean": h.mean.tolist(),
+                                       "hlf_m2": h.m2.tolist(), "llf_n": l_.n, "llf_mean": l_.mean.tolist(),
+                                       "llf_m2": l_.m2.tolist()}], schema=schema)
 
 
-def llf_groups(chunks: list[tuple], file_mb: int, slots: int) -> list[tuple]:
+def _copy_chunk(path: str, offset: int, label: int, rule: SplitRule, llf: PartFile, hlf: PartFile,
+                acc: list) -> tuple[int, list[int]]:
+    """One work file's events into the two part files: (rows read, rows written per split);
+    the moments of the train rows are merged into ``acc``."""
+    import pyarrow as pa
+
+    from .scaling import row_moments
+
+    pos, written = 0, np.zeros(len(SPLITS), np.int64)
+    for b in workfiles.read_batches(path):
+        t, m = pa.Table.from_batches([b]), b.num_rows
+        codes = rule.codes(np.arange(offset + pos, offset + pos + m, dtype=np.int64), label)
+        keep = np.flatnonzero(codes >= 0)
+        if len(keep):
+            t = t.take(pa.array(keep)) if len(keep) < m else t
+            c = codes[keep]
+            t = t.append_column("sample_id", pa.array(keep.astype(np.int64) + offset + pos, pa.int64())) \
+                 .append_column("label", pa.array(np.full(len(keep), label, np.int64))) \
+                 .append_column("split", split_names(c))
+            llf.add(t)
+            hlf.add(t)
+            written += np.bincount(c, minlength=len(SPLITS))
+            train = c == SPLITS.index("train")
+            if train.any():
+                h, l_ = row_moments(t.filter(pa.array(train)))
+                acc[0], acc[1] = acc[0].merge(h), acc[1].merge(l_)
+        pos += m
+    return pos, written.tolist()
+
+
+def llf_groups(chunks: list[tuple], file_mb: int, slots: int) -> list[list[int]]:
     """Consecutive chunks packed into LLF files of about ``file_mb`` at most, their number rounded
     up to a multiple of ``slots`` when there are that many chunks (so every task slot writes),
-    each file closed once the next chunk would exceed an even share. ``chunks``: (work file name,
-    first sample_id, label, split codes of its events, llf bytes of its kept events) per chunk
-    with selected events; returns task descriptors (group, work file names, sample_id offsets,
-    labels, split codes)."""
-    sizes = [c[4] for c in chunks]
-    total = sum(sizes)
+    each file closed once the next chunk would exceed an even share. ``chunks``: per chunk its
+    expected llf/ bytes; returns the chunk indices of each file."""
+    total = sum(chunks)
     n_files = max(1, math.ceil(total / (file_mb << 20)))
     if len(chunks) > n_files:   # a multiple of the task slots, so that no slot idles while another writes two
         n_files = min(len(chunks), math.ceil(n_files / max(1, slots)) * max(1, slots))
-    target = max(1, math.ceil(total / n_files))
-    out = []
-    for g, idx in enumerate(consecutive_groups(sizes, target)):
-        us = [chunks[i] for i in idx]
-        out.append((g, [u[0] for u in us], [u[1] for u in us], [u[2] for u in us],
-                    np.concatenate([u[3] for u in us]).tobytes()))
+    return consecutive_groups(chunks, max(1, math.ceil(total / n_files)))
+
+
+@dataclass
+class Written:
+    """What the writer tasks report: per chunk index (rows of its work file, rows written per
+    split), the files written (relative to the output) and the moments of the written train rows."""
+
+    chunks: dict
+    files: list
+    hlf: object
+    llf: object
+    received: int
+
+
+def write_datasets(spark, out_dir: Path, work_dir: Path, groups: list[tuple], sizes: list[int], rule: SplitRule,
+                   cfg) -> Written:
+    """The second Spark pass: ``groups`` (group, work files, first sample_ids, labels, chunk
+    indices) packed into one task per task slot by their ``sizes``, each writing its llf/ files and
+    one hlf/ file (:func:`write_partition`)."""
+    from .scaling import Moments
+
+    fn = functools.partial(write_partition, work_dir=str(work_dir), out_dir=str(out_dir), rule=rule.to_json(),
+                           llf_budget=max(1, int(cfg.llf_row_group_mb * (1 << 20))),
+                           hlf_budget=max(1, int(cfg.hlf_row_group_mb * (1 << 20))), file_bytes=cfg.file_mb << 20)
+    tasks = balanced_tasks(sizes, spark.sparkContext.defaultParallelism)
+    df = task_frame(spark, groups, "group int, works array<string>, offsets array<long>, labels array<long>, "
+                                   "chunks array<int>", tasks)
+    res = df.mapInArrow(spark_task(fn), _WRITE_DDL).toArrow()
+    out = Written({}, [], Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES), res.nbytes)
+    for r in res.to_pylist():
+        if r["chunk"] >= 0:
+            out.chunks[r["chunk"]] = (r["rows"], r["written"])
+            continue
+        out.files += r["files"]
+        out.hlf = out.hlf.merge(Moments(r["hlf_n"], np.asarray(r["hlf_mean"]), np.asarray(r["hlf_m2"])))
+        out.llf = out.llf.merge(Moments(r["llf_n"], np.asarray(r["llf_mean"]), np.asarray(r["llf_m2"])))
     return out
 
 
-def write_llf(spark, path: Path, work_dir: Path, groups: list[tuple], row_group_mb: float) -> None:
-    """``llf/``: each group becomes one Parquet file written with pyarrow (row groups of at most
-    ``row_group_mb``) from its chunks' work files; the groups are packed into one Spark task
-    per task slot. A file whose row count differs from the events the assignment keeps (a work
-    file lost or cut short) fails the stage, naming the file."""
-    path.mkdir(parents=True, exist_ok=True)
-    if not groups:  # nothing selected: one empty file, so that readers still see the columns
-        import pyarrow.parquet as pq
+def write_empty(out_dir: Path) -> list[str]:
+    """One empty file in hlf/ and in llf/ (nothing selected), so that readers still see the columns."""
+    import pyarrow.parquet as pq
 
-        schema = output_schema(True)
-        pq.write_table(schema.empty_table(), path / "part-00000.parquet", **parquet_options(schema))
-        return
-    fn = functools.partial(llf_partition, work_dir=str(work_dir), out_dir=str(path),
-                           row_group_bytes=max(1, int(row_group_mb * (1 << 20))))
-    tasks = balanced_tasks([len(g[4]) for g in groups], spark.sparkContext.defaultParallelism)
-    df = task_frame(spark, groups, "group int, works array<string>, offsets array<long>, labels array<long>, "
-                                   "codes binary", tasks)
-    written = {r["group"]: r["rows"] for r in df.mapInArrow(spark_task(fn), "group int, rows long").collect()}
-    names = {_llf_name(g[0]) for g in groups}
-    for p in path.iterdir():   # what a killed task attempt left (its hidden temporary file)
-        if p.name not in names:
-            p.unlink()
-    for g in groups:
-        want = int((np.frombuffer(g[4], np.int8) >= 0).sum())
-        if written.get(g[0]) != want:
-            raise RuntimeError(f"llf/part-{g[0]:05d}.parquet: {written.get(g[0])} rows written, the assignment "
-                               f"keeps {want} (work files {g[1][0]} .. {g[1][-1]})")
+    names = []
+    for name in ("hlf", "llf"):
+        schema = output_schema(name == "llf")
+        pq.write_table(schema.empty_table(), out_dir / name / part_name(0), **parquet_options(schema))
+        names.append(f"{name}/{part_name(0)}")
+    return names
