@@ -116,6 +116,20 @@ def check_task_slots(spark, workers: int, wait_s: Optional[float] = None) -> int
     return slots
 
 
+def forward_s3_settings(spark) -> None:
+    """Give the Python tasks started from now on the driver's S3 settings (the variables of
+    :data:`pipeline.fs.S3_ENV_VARS` set on the driver), as ``spark.executorEnv.<NAME>`` does at
+    start-up: a stage whose tasks read or write ``s3://`` calls it before running them. A changed
+    value starts new Python workers (Spark keys its workers by their environment)."""
+    from .fs import S3_ENV_VARS
+
+    env = spark.sparkContext.environment
+    for name in S3_ENV_VARS:
+        value = os.environ.get(name)
+        if value is not None and env.get(name) != value:
+            env[name] = value
+
+
 # --------------------------------------------------------------------------------------------
 # Python worker start-up cost
 # --------------------------------------------------------------------------------------------
