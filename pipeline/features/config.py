@@ -53,9 +53,9 @@ class FeaturesConfig(StageConfig):
     file_timeout_s: float = Field(FILE_TIMEOUT_S, gt=0, description="seconds allowed to open one ROOT file and "
                                   "to read one chunk; longer: the file is reported as bad")
     work_compression: Literal["none", "lz4", "zstd"] = Field(
-        "lz4", description="compression of the work files between the two Spark passes (Arrow IPC in the "
-                           "output's staging directory, removed at the end): lz4 stages about 0.6x the bytes "
-                           "of none, which saves about 6 CPU-microseconds per event where the staging disk "
+        "lz4", description="compression of the work files between the two Spark passes (Arrow IPC under the "
+                           "output job's prefix, removed at the commit): lz4 stages about 0.6x the bytes "
+                           "of none, which saves about 6 CPU-microseconds per event where the output's disk "
                            "keeps up (tmpfs, fast local disks)")
 
     @field_validator("step_size")

@@ -38,7 +38,6 @@ BadInputError unless ``allow_bad_files``.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -92,7 +91,8 @@ def _ranges(units: list[Chunk], st: dict, t: Tally, labels: dict) -> list[tuple[
 
 def _groups(units: list[Chunk], st: dict, t: Tally, labels: dict, counts: dict, cfg: FeaturesConfig,
             slots: int) -> tuple[list[tuple], list[int], list[Chunk]]:
-    """The writer tasks' groups (group, work files, first sample_ids, labels, chunk indices), their
+    """The writer tasks' groups (group, work files, their attempts, first sample_ids, labels, chunk
+    indices), their
     expected llf/ bytes (each chunk's selected bytes times its class's kept fraction) and the
     chunks with selected events."""
     done = [u for u in units if u.chunk_id in t.offsets and int(st[u.chunk_id]["n_selected"])]
@@ -101,7 +101,8 @@ def _groups(units: list[Chunk], st: dict, t: Tally, labels: dict, counts: dict, 
     groups, packed = [], llf_groups(sizes, cfg.file_mb, slots)
     for g, idx in enumerate(packed):
         us = [done[i] for i in idx]
-        groups.append((g, [work_name(u.file_index, u.entry_start) for u in us], [t.offsets[u.chunk_id] for u in us],
+        groups.append((g, [work_name(u.file_index, u.entry_start) for u in us],
+                       [st[u.chunk_id]["attempt_dir"] for u in us], [t.offsets[u.chunk_id] for u in us],
                        [int(labels[u.file_index]) for u in us], [u.chunk_id for u in us]))
     return groups, [sum(sizes[i] for i in idx) for idx in packed], done
 
@@ -129,22 +130,44 @@ def _check_written(w: Written, groups: list[tuple], st: dict, done: list[Chunk],
                                f"split has {n}")
 
 
-def _remove_strays(root: Path, files: list[str]) -> None:
-    """Remove from hlf/ and llf/ what the tasks did not report (what a killed attempt left)."""
-    keep = set(files)
-    for name in ("hlf", "llf"):
-        for p in (root / name).iterdir():
-            if f"{name}/{p.name}" not in keep:
-                p.unlink()
+def _report(cfg: FeaturesConfig, files, labels: dict, t: Tally, done: list[Chunk], written: dict, counts: dict,
+            notes: list[str], out) -> dict:
+    """``report.json`` (less the timings)."""
+    wr_file = {f.file_index: 0 for f in files}
+    for u in done:
+        wr_file[u.file_index] += sum(written[u.chunk_id][1])
+    files_rep = per_file(files, labels, t, wr_file)
+    return {"job": "features", "files": files_rep,
+            "bad_files": [{"file": p["file"], "reason": p["error"]} for p in files_rep if p["error"]],
+            "notes": notes, "splits": {s: sum(counts[(s, lab)] for lab in t.per_label) for s in SPLITS},
+            "classes": {str(lab): {s: counts[(s, lab)] for s in SPLITS} for lab in range(N_CLASSES)},
+            "seed": cfg.seed, "balance_classes": cfg.balance_classes,
+            "hlf": str(out.child("hlf")), "llf": str(out.child("llf")),
+            "scaling": str(out.child("scaling.json")), "report": str(out.child("report.json")),
+            "hlf_names": list(HLF_NAMES), "llf_names": list(LLF_NAMES)}
+
+
+def _validate(job, schema_dir: Path) -> None:
+    """The schema of every hlf/ and llf/ file from its footer; the values' constraints (no nulls,
+    list lengths) hold by construction: every row comes from numpy blocks of fixed width or of
+    19 x n_particles."""
+    from ..inputs import parquet_schema_of
+    from ..schemas import load_schema, validate
+
+    expected = {name: load_schema(name, SCHEMA_VERSIONS[name], schema_dir) for name in ("hlf", "llf")}
+    for rel, loc in sorted(job.kept().items()):
+        name = rel.split("/", 1)[0]
+        if name in expected:
+            validate(parquet_schema_of(loc), expected[name], str(job.final.child(rel)))
 
 
 def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
     "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
+    from ..commit import output_job
     from ..fs import check_writable, location
-    from ..outputs import atomic_output_dir, check_staging, write_json
-    from ..schemas import SCHEMA_DIR, load_schema, validate_parquet
-    from ..spark import get_spark
+    from ..schemas import SCHEMA_DIR, load_schema
+    from ..spark import forward_s3_settings, get_spark
 
     t_start = time.time()
     schema_dir = Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR
@@ -157,16 +180,15 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         first = files[0] if files else None
         raise BadInputError(f"no input file could be used; {first.path}: {first.error}" if first
                             else "no input files")
-    out = location(cfg.output, output=True)  # a local path or s3:// (staged on the driver's disk)
+    out = location(cfg.output, output=True)  # a local path, a shared mount or s3://: the tasks write there
     check_writable(out)
     spark = spark or get_spark(cfg.spark)
-    check_staging(spark.sparkContext.master, out, "feature")
+    if not out.is_local:
+        forward_s3_settings(spark)
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     received: Counter = Counter()
-    with atomic_output_dir(out) as tmp:
-        work = tmp / "_work"    # the selected events between the Spark passes (removed before commit)
-        work.mkdir()
-        units, st = run_units(spark, files, units, work, cfg, t_start, received)
+    with output_job(out) as job:
+        units, st = run_units(spark, files, units, job.target, cfg, t_start, received)
         if not [f for f in files if not f.error]:    # nothing to write: no output at all
             first = files[0]
             raise BadInputError(f"no input file could be used; {first.path}: {first.error}")
@@ -176,40 +198,21 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         log.info("features: split%s decided (%.1f s)", " and balancing" if cfg.balance_classes else "",
                  time.time() - t_start)
         groups, sizes, done = _groups(units, st, t, labels, counts, cfg, spark.sparkContext.defaultParallelism)
-        for name in ("hlf", "llf"):
-            (tmp / name).mkdir()
         if groups:
-            w = write_datasets(spark, tmp, work, groups, sizes, rule, cfg)
+            w = write_datasets(spark, job.target, groups, sizes, rule, cfg)
             received["write"] += w.received
             _check_written(w, groups, st, done, counts, labels)
-            _remove_strays(tmp, w.files)
+            job.add(w.results)
             model, written = model_of(w.hlf, w.llf), w.chunks
         else:
-            write_empty(tmp)
+            write_empty(job)
             model, written = model_of(Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES)), {}
-        model.save(tmp / "scaling.json")
-        shutil.rmtree(work)
-        # the schema from the Parquet footers; the values' constraints (no nulls, list lengths) hold
-        # by construction: every row comes from numpy blocks of fixed width or of 19 x n_particles
-        for name in ("hlf", "llf"):
-            validate_parquet(tmp / name, load_schema(name, SCHEMA_VERSIONS[name], schema_dir), check_data=False)
+        _validate(job, schema_dir)
+        job.write_json("scaling.json", model.to_file().model_dump())
         log.info("features: hlf/ and llf/ written (%d LLF file(s), %d train events in the scaling) (%.1f s)",
                  len(groups), model.hlf_count, time.time() - t_start)
-        wr_file = {f.file_index: 0 for f in files}
-        for u in done:
-            wr_file[u.file_index] += sum(written[u.chunk_id][1])
-        split_counts = {s: sum(counts[(s, lab)] for lab in t.per_label) for s in SPLITS}
-        n_written = sum(split_counts.values())
-        files_rep = per_file(files, labels, t, wr_file)
-        report = {"job": "features", "files": files_rep,
-                  "bad_files": [{"file": p["file"], "reason": p["error"]} for p in files_rep if p["error"]],
-                  "notes": notes, "splits": split_counts,
-                  "classes": {str(lab): {s: counts[(s, lab)] for s in SPLITS} for lab in range(N_CLASSES)},
-                  "seed": cfg.seed, "balance_classes": cfg.balance_classes,
-                  "hlf": str(out.child("hlf")), "llf": str(out.child("llf")),
-                  "scaling": str(out.child("scaling.json")), "report": str(out.child("report.json")),
-                  "hlf_names": list(HLF_NAMES), "llf_names": list(LLF_NAMES),
-                  "driver_received_bytes": dict(received), "seconds": round(time.time() - t_start, 3)}
-        write_json(tmp / "report.json", report)
-    finish(report, out, len(files), n_written, split_counts, cfg.allow_bad_files)
+        report = _report(cfg, files, labels, t, done, written, counts, notes, out)
+        report |= {"driver_received_bytes": dict(received), "seconds": round(time.time() - t_start, 3)}
+        job.write_json("report.json", report)
+    finish(report, out, len(files), sum(report["splits"].values()), report["splits"], cfg.allow_bad_files)
     return report

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Iterator, Union
 
+from ..commit import ATTEMPT_DDL, JobTarget, TaskAttempt, attempt_schema
 from ..errors import BadInputError
 from ..ingest.root import FILE_TIMEOUT_S, Chunk, FileInfo, ReadTimeout, parse_step_size
 from ..spark import spark_task, task_frame
@@ -29,20 +28,31 @@ log = logging.getLogger(__name__)
 #: the status row of a work unit (Spark DDL of :func:`_status_schema`): the chunk processed
 #: (``entry_start``, ``entry_stop``; :data:`~pipeline.features.plan.WHOLE_FILE` when none was),
 #: for a whole ROOT file its ``entries`` and entry ranges (``starts``, ``stops``; -1 and empty
-#: otherwise), the counts, the error and the llf/ bytes of the selected events (to size the
-#: files): per-chunk metadata only, nothing per event
+#: otherwise), the counts, the error, the llf/ bytes of the selected events (to size the files)
+#: and the attempt that wrote its work file (the commit protocol's ``attempt_dir``; ``files``: the
+#: work file): per-chunk metadata only, nothing per event
 _STATUS_DDL = ("file_index int, entry_start long, entry_stop long, entries long, starts array<long>, "
-               "stops array<long>, n_read long, n_selected long, error string, llf_bytes long")
+               f"stops array<long>, n_read long, n_selected long, error string, llf_bytes long, {ATTEMPT_DDL}")
 _STATUS_FIELDS = ("file_index", "entry_start", "entry_stop", "entries", "starts", "stops", "n_read", "n_selected",
-                  "error", "llf_bytes")
+                  "error", "llf_bytes", "attempt_dir", "files")
 
 
 def _status_schema():
     import pyarrow as pa
-    return pa.schema([("file_index", pa.int32()), ("entry_start", pa.int64()), ("entry_stop", pa.int64()),
-                      ("entries", pa.int64()), ("starts", pa.list_(pa.int64())), ("stops", pa.list_(pa.int64())),
-                      ("n_read", pa.int64()), ("n_selected", pa.int64()), ("error", pa.string()),
-                      ("llf_bytes", pa.int64())])
+    return attempt_schema(("file_index", pa.int32()), ("entry_start", pa.int64()), ("entry_stop", pa.int64()),
+                          ("entries", pa.int64()), ("starts", pa.list_(pa.int64())), ("stops", pa.list_(pa.int64())),
+                          ("n_read", pa.int64()), ("n_selected", pa.int64()), ("error", pa.string()),
+                          ("llf_bytes", pa.int64()))
+
+
+def task_attempt(target: JobTarget) -> TaskAttempt:
+    """This task's attempt of the job; called outside a Spark task (a task body run directly), one
+    attempt 0 of a stage and partition 0."""
+    from pyspark import TaskContext
+
+    if TaskContext.get() is None:
+        return target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+    return target.attempt()
 
 
 def _reason(e: BaseException) -> str:
@@ -79,7 +89,7 @@ def _open_unit(path: str, tree: str, a: int, b: int, mode: str, size, timeout_s:
     return None, a, b, entries, ranges
 
 
-def feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int, str] = "50 MB",
+def feature_partition(batches: Iterator, *, target: JobTarget, step_size: Union[int, str] = "50 MB",
                       file_timeout_s: float = FILE_TIMEOUT_S, batch_rows: int = workfiles.IPC_BATCH_ROWS,
                       compression: str) -> Iterator:
     """The ``mapInArrow`` function of the feature pass. Per work unit (``file_index, path, tree,
@@ -87,10 +97,11 @@ def feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int,
     opened and cut into ``step_size`` chunks (at most ``file_timeout_s`` to open it); when it is
     one chunk it is processed on the same open tree, otherwise only its ranges come back. A chunk
     is read (at most ``file_timeout_s``), selected and computed; its selected events go to its
-    work file (:func:`~pipeline.features.workfiles.work_name`); one status row comes back
-    (:func:`_status_schema`)."""
+    work file (:func:`~pipeline.features.workfiles.work_name`, written by this task's attempt of
+    the job ``target``); one status row comes back (:func:`_status_schema`)."""
     import pyarrow as pa
 
+    attempt = task_attempt(target)
     mode, size = parse_step_size(step_size)
     schema = _status_schema()
     for batch in batches:
@@ -107,19 +118,19 @@ def feature_partition(batches: Iterator, *, work_dir: str, step_size: Union[int,
             except Exception as e:  # noqa: BLE001 - the driver reports the file
                 err, n_sel, n_bytes = _reason(e), 0, 0
             if n_sel:  # outside the try: a full disk fails the stage, it is not the input file's fault
-                workfiles.save_block(block, os.path.join(work_dir, workfiles.work_name(fi, a)), batch_rows,
-                                     compression=compression)
-            yield pa.RecordBatch.from_pydict({
-                "file_index": [fi], "entry_start": [a], "entry_stop": [b], "entries": [entries],
-                "starts": [[x for x, _ in ranges]], "stops": [[y for _, y in ranges]], "n_read": [n_read],
-                "n_selected": [n_sel], "error": [err], "llf_bytes": [n_bytes]}, schema=schema)
+                with attempt.open(workfiles.work_name(fi, a)) as sink:
+                    workfiles.save_block(block, sink, batch_rows, compression=compression)
+            yield pa.RecordBatch.from_pylist([{
+                "file_index": fi, "entry_start": a, "entry_stop": b, "entries": entries,
+                "starts": [x for x, _ in ranges], "stops": [y for _, y in ranges], "n_read": n_read,
+                "n_selected": n_sel, "error": err, "llf_bytes": n_bytes, **attempt.record()}], schema=schema)
 
 
-def _feature_pass(spark, units: list[Chunk], work_dir: Path, cfg: FeaturesConfig, received) -> list[dict]:
+def _feature_pass(spark, units: list[Chunk], target: JobTarget, cfg: FeaturesConfig, received) -> list[dict]:
     """One Spark job of :func:`feature_partition` over the work units: their status rows (the
-    selected events themselves wait in ``work_dir``, one Arrow file per chunk); the bytes the
-    driver received are counted in ``received`` (a Counter)."""
-    fn = functools.partial(feature_partition, work_dir=str(work_dir), step_size=cfg.step_size,
+    selected events themselves wait in work files under the job's prefix, one per chunk); the
+    bytes the driver received are counted in ``received`` (a Counter)."""
+    fn = functools.partial(feature_partition, target=target, step_size=cfg.step_size,
                            file_timeout_s=cfg.file_timeout_s,
                            batch_rows=workfiles.IPC_BATCH_ROWS,  # read at call time: a test may shrink it
                            compression=cfg.work_compression)
@@ -131,12 +142,12 @@ def _feature_pass(spark, units: list[Chunk], work_dir: Path, cfg: FeaturesConfig
     return table.select(list(_STATUS_FIELDS)).to_pylist()
 
 
-def run_units(spark, files: list[FileInfo], units: list[Chunk], work_dir: Path, cfg: FeaturesConfig,
+def run_units(spark, files: list[FileInfo], units: list[Chunk], target: JobTarget, cfg: FeaturesConfig,
               t_start: float, received) -> tuple[list[Chunk], dict]:
     """The feature pass over the work units, and a second one over the chunks of the ROOT files
     that are more than one chunk: (every chunk processed, in (file, entry) order and numbered so;
     {chunk_id: status}). The files' entries, chunk counts and errors are filled in ``files``."""
-    rows = _feature_pass(spark, units, work_dir, cfg, received) if units else []
+    rows = _feature_pass(spark, units, target, cfg, received) if units else []
     more = []
     for r in rows:
         f = files[r["file_index"]]
@@ -147,7 +158,7 @@ def run_units(spark, files: list[FileInfo], units: list[Chunk], work_dir: Path, 
     if more:
         log.info("features: %d chunk(s) of %d large file(s) -> a second pass", len(more),
                  len({c.file_index for c in more}))
-        rows += _feature_pass(spark, more, work_dir, cfg, received)
+        rows += _feature_pass(spark, more, target, cfg, received)
     for r in rows:
         f = files[r["file_index"]]
         if r["error"] and not f.error:

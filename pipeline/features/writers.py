@@ -1,23 +1,25 @@
 """Writing ``hlf/`` and ``llf/`` with pyarrow (never through Spark's row format): the writer task
 of the second Spark pass, which applies the split rule to the work files' events and writes both
-datasets, and the driver side that packs chunks into files and checks what the tasks wrote.
+datasets, and the driver side that packs chunks into files and collects what the tasks wrote.
 
 Each group of consecutive chunks becomes one ``llf/`` file; each task writes one ``hlf/`` file for
-its consecutive groups (a new one when it reaches ``file_mb``). Files are written under hidden
-temporary names (readers skip them), renamed when complete and removed when the attempt fails;
-the tasks return the files they wrote, the rows per chunk and split, and the moments of the train
-rows they wrote (the scaling fit), never the rows."""
+its consecutive groups (a new one when it reaches ``file_mb``). The files are written by the
+task's attempt of the commit protocol (:mod:`pipeline.commit`: attempt-scoped names under the
+job's prefix on the output's filesystem; a failed attempt's file is removed, a killed one's is
+never committed). The tasks return the files they wrote, the rows per chunk and split, and the
+moments of the train rows they wrote (the scaling fit), never the rows."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from ..commit import ATTEMPT_DDL, JobTarget, TaskAttempt, attempt_schema
+from ..fs import Location
 from ..packing import consecutive_groups
 from ..spark import spark_task, task_frame
 from . import workfiles
@@ -25,6 +27,7 @@ from .layout import N_HLF, N_LLF_FEATURES
 from .plan import balanced_tasks
 from .rows import HLF_ROW_BYTES, llf_row_bytes, output_schema, parquet_options, split_names
 from .split import SPLITS, SplitRule
+from .tasks import task_attempt
 
 
 def row_group_cuts(row_bytes: np.ndarray, budget: int, final: bool) -> list[int]:
@@ -82,16 +85,16 @@ class RowGroups:
 
 
 class PartFile:
-    """One Parquet part of hlf/ or llf/: written under a hidden temporary name through
-    :class:`RowGroups`, renamed by :meth:`close`, removed by :meth:`abort`."""
+    """One Parquet part of hlf/ or llf/ written by a task attempt through :class:`RowGroups`:
+    :meth:`close` completes it, :meth:`abort` removes it."""
 
-    def __init__(self, directory: str, name: str, with_llf: bool, budget: int) -> None:
+    def __init__(self, attempt: TaskAttempt, rel: str, with_llf: bool, budget: int) -> None:
         import pyarrow.parquet as pq
 
-        self.name, self.final = name, os.path.join(directory, name)
-        self.tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-        self.schema = output_schema(with_llf)
-        self.writer = pq.ParquetWriter(self.tmp, self.schema, **parquet_options(self.schema))
+        self.rel, self.schema = rel, output_schema(with_llf)
+        self._stream = attempt.open(rel)
+        sink = self._stream.__enter__()
+        self.writer = pq.ParquetWriter(sink, self.schema, **parquet_options(self.schema))
         self.groups, self.rows, self.bytes = RowGroups(self.writer, budget), 0, 0
 
     def add(self, table) -> None:
@@ -105,15 +108,14 @@ class PartFile:
     def close(self) -> str:
         self.groups.close()
         self.writer.close()
-        os.replace(self.tmp, self.final)
-        return self.name
+        self._stream.__exit__(None, None, None)
+        return self.rel
 
-    def abort(self) -> None:
-        try:
+    def abort(self, exc: BaseException) -> None:
+        with contextlib.suppress(Exception):
             self.writer.close()
-        finally:
-            if os.path.exists(self.tmp):
-                os.remove(self.tmp)
+        with contextlib.suppress(BaseException):
+            self._stream.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def part_name(group: int) -> str:
@@ -121,68 +123,69 @@ def part_name(group: int) -> str:
 
 
 #: the writer task's output: one row per chunk (``chunk`` >= 0: the rows of its work file and the
-#: rows written per split), then one row per task (``chunk`` -1: the files written and the moments
-#: of the train rows written)
-_WRITE_DDL = ("chunk int, rows long, written array<long>, files array<string>, hlf_n double, "
-              "hlf_mean array<double>, hlf_m2 array<double>, llf_n double, llf_mean array<double>, "
-              "llf_m2 array<double>")
+#: rows written per split), then one row per task (``chunk`` -1: the moments of the train rows
+#: written); every row carries the commit protocol's attempt fields (the files written)
+_WRITE_DDL = ("chunk int, rows long, written array<long>, hlf_n double, hlf_mean array<double>, "
+              f"hlf_m2 array<double>, llf_n double, llf_mean array<double>, llf_m2 array<double>, {ATTEMPT_DDL}")
 
 
 def _write_schema():
     import pyarrow as pa
 
     d = pa.list_(pa.float64())
-    return pa.schema([("chunk", pa.int32()), ("rows", pa.int64()), ("written", pa.list_(pa.int64())),
-                      ("files", pa.list_(pa.string())), ("hlf_n", pa.float64()), ("hlf_mean", d), ("hlf_m2", d),
-                      ("llf_n", pa.float64()), ("llf_mean", d), ("llf_m2", d)])
+    return attempt_schema(("chunk", pa.int32()), ("rows", pa.int64()), ("written", pa.list_(pa.int64())),
+                          ("hlf_n", pa.float64()), ("hlf_mean", d), ("hlf_m2", d), ("llf_n", pa.float64()),
+                          ("llf_mean", d), ("llf_m2", d))
 
 
-def write_partition(batches: Iterator, *, work_dir: str, out_dir: str, rule: dict, llf_budget: int,
-                    hlf_budget: int, file_bytes: int) -> Iterator:
-    """The ``mapInArrow`` function of the second pass. Per group (``group, works, offsets, labels,
-    chunks``: consecutive chunks, their work files, first sample_ids and labels): the work files'
-    events, batch by batch, given ``sample_id``, ``label`` and their split by the
-    :class:`~pipeline.features.split.SplitRule` (dropped where balancing drops them), written to
-    ``out_dir/llf/part-<group>`` and to this task's ``out_dir/hlf/`` file."""
+def write_partition(batches: Iterator, *, target: JobTarget, rule: dict, llf_budget: int, hlf_budget: int,
+                    file_bytes: int) -> Iterator:
+    """The ``mapInArrow`` function of the second pass. Per group (``group, works, dirs, offsets,
+    labels, chunks``: consecutive chunks, their work files and the attempts that wrote them, first
+    sample_ids, labels): the work files' events, batch by batch, given ``sample_id``, ``label`` and
+    their split by the :class:`~pipeline.features.split.SplitRule` (dropped where balancing drops
+    them), written to ``llf/part-<group>`` and to this task's ``hlf/`` file."""
     import pyarrow as pa
 
     from .scaling import Moments
 
+    attempt = task_attempt(target)
     rule_ = SplitRule.from_json(rule)
     acc = [Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES)]
-    files, hlf, llf = [], None, None
+    hlf = llf = None
     schema = _write_schema()
     try:
         for batch in batches:
             d = batch.to_pydict()
-            for gid, works, offsets, labels, chunks in zip(d["group"], d["works"], d["offsets"], d["labels"],
-                                                           d["chunks"]):
-                if hlf is None or hlf.bytes >= file_bytes:
-                    if hlf is not None:
-                        files.append("hlf/" + hlf.close())
-                    hlf = PartFile(os.path.join(out_dir, "hlf"), part_name(gid), False, hlf_budget)
-                llf = PartFile(os.path.join(out_dir, "llf"), part_name(gid), True, llf_budget)
-                for work, off, lab, cid in zip(works, offsets, labels, chunks):
-                    rows, written = _copy_chunk(os.path.join(work_dir, work), off, lab, rule_, llf, hlf, acc)
-                    yield pa.RecordBatch.from_pylist([{"chunk": cid, "rows": rows, "written": written}],
-                                                     schema=schema)
-                files.append("llf/" + llf.close())
+            for gid, works, dirs, offsets, labels, chunks in zip(d["group"], d["works"], d["dirs"], d["offsets"],
+                                                                 d["labels"], d["chunks"]):
+                if hlf is not None and hlf.bytes >= file_bytes:
+                    hlf.close()
+                    hlf = None
+                if hlf is None:
+                    hlf = PartFile(attempt, f"hlf/{part_name(gid)}", False, hlf_budget)
+                llf = PartFile(attempt, f"llf/{part_name(gid)}", True, llf_budget)
+                for work, wdir, off, lab, cid in zip(works, dirs, offsets, labels, chunks):
+                    rows, written = _copy_chunk(target.file(wdir, work), off, lab, rule_, llf, hlf, acc)
+                    yield pa.RecordBatch.from_pylist([{"chunk": cid, "rows": rows, "written": written,
+                                                       **attempt.record()}], schema=schema)
+                llf.close()
                 llf = None
         if hlf is not None:
-            files.append("hlf/" + hlf.close())
+            hlf.close()
             hlf = None
-    except BaseException:
+    except BaseException as e:
         for f in (hlf, llf):
             if f is not None:
-                f.abort()
+                f.abort(e)
         raise
     h, l_ = acc
-    yield pa.RecordBatch.from_pylist([{"chunk": -1, "files": files, "hlf_n": h.n, "hlf_mean": h.mean.tolist(),
-                                       "hlf_m2": h.m2.tolist(), "llf_n": l_.n, "llf_mean": l_.mean.tolist(),
-                                       "llf_m2": l_.m2.tolist()}], schema=schema)
+    yield pa.RecordBatch.from_pylist([{"chunk": -1, "hlf_n": h.n, "hlf_mean": h.mean.tolist(), "hlf_m2": h.m2.tolist(),
+                                       "llf_n": l_.n, "llf_mean": l_.mean.tolist(), "llf_m2": l_.m2.tolist(),
+                                       **attempt.record()}], schema=schema)
 
 
-def _copy_chunk(path: str, offset: int, label: int, rule: SplitRule, llf: PartFile, hlf: PartFile,
+def _copy_chunk(work: Location, offset: int, label: int, rule: SplitRule, llf: PartFile, hlf: PartFile,
                 acc: list) -> tuple[int, list[int]]:
     """One work file's events into the two part files: (rows read, rows written per split);
     the moments of the train rows are merged into ``acc``."""
@@ -191,7 +194,7 @@ def _copy_chunk(path: str, offset: int, label: int, rule: SplitRule, llf: PartFi
     from .scaling import row_moments
 
     pos, written = 0, np.zeros(len(SPLITS), np.int64)
-    for b in workfiles.read_batches(path):
+    for b in workfiles.read_batches(work):
         t, m = pa.Table.from_batches([b]), b.num_rows
         codes = rule.codes(np.arange(offset + pos, offset + pos + m, dtype=np.int64), label)
         keep = np.flatnonzero(codes >= 0)
@@ -227,47 +230,45 @@ def llf_groups(chunks: list[tuple], file_mb: int, slots: int) -> list[list[int]]
 @dataclass
 class Written:
     """What the writer tasks report: per chunk index (rows of its work file, rows written per
-    split), the files written (relative to the output) and the moments of the written train rows."""
+    split), the result rows (for :meth:`pipeline.commit.OutputJob.add`), the files written and the
+    moments of the written train rows."""
 
     chunks: dict
+    results: list
     files: list
     hlf: object
     llf: object
     received: int
 
 
-def write_datasets(spark, out_dir: Path, work_dir: Path, groups: list[tuple], sizes: list[int], rule: SplitRule,
+def write_datasets(spark, target: JobTarget, groups: list[tuple], sizes: list[int], rule: SplitRule,
                    cfg) -> Written:
-    """The second Spark pass: ``groups`` (group, work files, first sample_ids, labels, chunk
-    indices) packed into one task per task slot by their ``sizes``, each writing its llf/ files and
-    one hlf/ file (:func:`write_partition`)."""
+    """The second Spark pass: ``groups`` (group, work files, their attempt directories, first
+    sample_ids, labels, chunk indices) packed into one task per task slot by their ``sizes``, each
+    writing its llf/ files and one hlf/ file (:func:`write_partition`)."""
     from .scaling import Moments
 
-    fn = functools.partial(write_partition, work_dir=str(work_dir), out_dir=str(out_dir), rule=rule.to_json(),
+    fn = functools.partial(write_partition, target=target, rule=rule.to_json(),
                            llf_budget=max(1, int(cfg.llf_row_group_mb * (1 << 20))),
                            hlf_budget=max(1, int(cfg.hlf_row_group_mb * (1 << 20))), file_bytes=cfg.file_mb << 20)
     tasks = balanced_tasks(sizes, spark.sparkContext.defaultParallelism)
-    df = task_frame(spark, groups, "group int, works array<string>, offsets array<long>, labels array<long>, "
-                                   "chunks array<int>", tasks)
+    df = task_frame(spark, groups, "group int, works array<string>, dirs array<string>, offsets array<long>, "
+                                   "labels array<long>, chunks array<int>", tasks)
     res = df.mapInArrow(spark_task(fn), _WRITE_DDL).toArrow()
-    out = Written({}, [], Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES), res.nbytes)
-    for r in res.to_pylist():
+    rows = res.to_pylist()
+    out = Written({}, rows, [f for r in rows for f in r["files"] or []], Moments.empty(N_HLF),
+                  Moments.empty(N_LLF_FEATURES), res.nbytes)
+    for r in rows:
         if r["chunk"] >= 0:
             out.chunks[r["chunk"]] = (r["rows"], r["written"])
             continue
-        out.files += r["files"]
         out.hlf = out.hlf.merge(Moments(r["hlf_n"], np.asarray(r["hlf_mean"]), np.asarray(r["hlf_m2"])))
         out.llf = out.llf.merge(Moments(r["llf_n"], np.asarray(r["llf_mean"]), np.asarray(r["llf_m2"])))
     return out
 
 
-def write_empty(out_dir: Path) -> list[str]:
+def write_empty(job) -> None:
     """One empty file in hlf/ and in llf/ (nothing selected), so that readers still see the columns."""
-    import pyarrow.parquet as pq
-
-    names = []
     for name in ("hlf", "llf"):
         schema = output_schema(name == "llf")
-        pq.write_table(schema.empty_table(), out_dir / name / part_name(0), **parquet_options(schema))
-        names.append(f"{name}/{part_name(0)}")
-    return names
+        job.write_table(f"{name}/{part_name(0)}", schema.empty_table(), **parquet_options(schema))
