@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..errors import BadInputError
 from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files
+from ..packing import balanced_tasks
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
 
@@ -123,19 +124,3 @@ def pack_units(entries: list[int], slots: int, task_entries: int = TASK_ENTRIES)
     slots = max(1, slots)
     k = math.ceil(max(1, math.ceil(sum(entries) / max(1, task_entries))) / slots) * slots
     return balanced_tasks(entries, k)
-
-
-def balanced_tasks(entries: list[int], k: int) -> list[int]:
-    """The task of each unit: consecutive units in ``min(k, len(entries))`` tasks, each task ended
-    once it has its share of the entries."""
-    n = len(entries)
-    total = sum(entries)
-    k = max(1, min(n, k))
-    out, done, task = [], 0, 0
-    for e in entries:
-        # move on when this task has its share of what is left
-        if out and done >= (task + 1) * total / k and task < k - 1 and n - len(out) >= k - task - 1:
-            task += 1
-        out.append(task)
-        done += e
-    return out

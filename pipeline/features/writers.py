@@ -20,11 +20,10 @@ import numpy as np
 
 from ..commit import ATTEMPT_DDL, JobTarget, TaskAttempt, attempt_schema
 from ..fs import Location
-from ..packing import consecutive_groups
+from ..packing import balanced_tasks, consecutive_groups
 from ..spark import spark_task, task_frame
 from . import workfiles
 from .layout import N_HLF, N_LLF_FEATURES
-from .plan import balanced_tasks
 from .rows import HLF_ROW_BYTES, llf_row_bytes, output_schema, parquet_options, split_names
 from .split import SPLITS, SplitRule
 from .tasks import task_attempt
