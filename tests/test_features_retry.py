@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import hep_root_fixtures as H  # noqa: E402
-from spark_process import run_drills  # noqa: E402
+from drills import drill, failed_tasks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -26,21 +26,14 @@ def run_stage(spark, **cfg) -> dict:
     """The drill: the feature stage with these settings; the committed output's listing and rows."""
     from pipeline.features.stage import FeaturesConfig, build_features
 
-    before = _failed_tasks(spark)
+    before = failed_tasks(spark)
     rep = build_features(FeaturesConfig(**cfg), spark=spark)
     out = cfg["output"]
     listing = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
     rows = {name: pads.dataset(os.path.join(out, name), format="parquet").to_table().sort_by("sample_id").to_pylist()
             for name in ("hlf", "llf")}
     return {"listing": listing, "rows": rows, "scaling": json.load(open(os.path.join(out, "scaling.json"))),
-            "written": sum(f["written"] for f in rep["files"]), "failed_tasks": _failed_tasks(spark) - before}
-
-
-def _failed_tasks(spark) -> int:
-    """Task attempts that failed so far in the session's jobs."""
-    tracker = spark.sparkContext.statusTracker()
-    stages = {s for j in tracker.getJobIdsForGroup() for s in (tracker.getJobInfo(j).stageIds or [])}
-    return sum(info.numFailedTasks for info in map(tracker.getStageInfo, stages) if info is not None)
+            "written": sum(f["written"] for f in rep["files"]), "failed_tasks": failed_tasks(spark) - before}
 
 
 def test_killed_and_failed_task_attempts_leave_the_output_of_a_clean_run(delphes_root, tmp_path):
@@ -51,15 +44,5 @@ def test_killed_and_failed_task_attempts_leave_the_output_of_a_clean_run(delphes
         H.write_delphes_like(src / f"ttbar_{i}.root", H.take(colls, list(range(25))))
     base = {"input": str(src / "*.root"), "samples": [{"name": "ttbar", "label": 1, "files": ["*.root"]}],
             "file_mb": 1, "llf_row_group_mb": 0.05, "balance_classes": True}
-    calls = [{"call": "test_features_retry:run_stage", "kwargs": {**base, "output": str(tmp_path / name)},
-              "fault": fault} for name, fault in (("clean", None), ("killed", "mid:exit"), ("failed", "after:raise"))]
-    clean, killed, failed = run_drills(calls)
-    assert "result" in clean, clean
-    want = clean["result"]
-    assert want.pop("failed_tasks") == 0
+    want = drill("test_features_retry:run_stage", base, tmp_path, min_failed=2)   # feature and writer tasks
     assert want["written"] > 10 and any(f.startswith("llf/") for f in want["listing"])
-    for got in (killed, failed):
-        assert "result" in got, got
-        assert got["result"].pop("failed_tasks") >= 2            # the feature and the writer tasks: retried
-        assert got["result"] == want
-    assert sorted(os.listdir(tmp_path)) == ["clean", "failed", "in", "killed"]     # no job prefix left

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from spark_process import run_drills  # noqa: E402
+from drills import drill, failed_tasks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +23,7 @@ def run_shard(spark, **cfg) -> dict:
     """The drill: the shard stage; the committed files and their digests, the failed task attempts."""
     from pipeline.shards.materialize import ShardConfig, shard
 
-    tracker = spark.sparkContext.statusTracker()
-
-    def failed() -> int:
-        stages = {s for j in tracker.getJobIdsForGroup() for s in (tracker.getJobInfo(j).stageIds or [])}
-        return sum(i.numFailedTasks for i in map(tracker.getStageInfo, stages) if i is not None)
-
-    before = failed()
+    before = failed_tasks(spark)
     shard(ShardConfig(**cfg), spark)
     out = cfg["output"]
     digests = {}
@@ -38,7 +32,7 @@ def run_shard(spark, **cfg) -> dict:
             p = os.path.join(d, n)
             text = open(p, "rb").read().replace(out.encode(), b"OUT")       # the manifest names its own paths
             digests[os.path.relpath(p, out)] = hashlib.sha256(text).hexdigest()
-    return {"files": digests, "failed_tasks": failed() - before}
+    return {"files": digests, "failed_tasks": failed_tasks(spark) - before}
 
 
 def test_killed_and_failed_writer_attempts_leave_the_shards_of_a_clean_run(tmp_path):
@@ -52,15 +46,5 @@ def test_killed_and_failed_writer_attempts_leave_the_shards_of_a_clean_run(tmp_p
     for f in range(3):
         pq.write_table(t.slice(200 * f, 200), src / f"part-{f}.parquet", row_group_size=50)
     base = {"input": str(src), "scheme": "medium_coarse", "workers": 4, "copies": 2, "row_group_rows": 16}
-    calls = [{"call": "test_shard_retry:run_shard", "kwargs": {**base, "output": str(tmp_path / name)},
-              "fault": fault} for name, fault in (("clean", None), ("killed", "mid:exit"), ("failed", "after:raise"))]
-    clean, killed, failed = run_drills(calls)
-    assert "result" in clean, clean
-    want = clean["result"]
-    assert want.pop("failed_tasks") == 0
+    want = drill("test_shard_retry:run_shard", base, tmp_path, min_failed=1)
     assert len([f for f in want["files"] if f.startswith("worker_")]) == 4 and "manifest.json" in want["files"]
-    for got in (killed, failed):
-        assert "result" in got, got
-        assert got["result"].pop("failed_tasks") >= 1
-        assert got["result"] == want
-    assert sorted(os.listdir(tmp_path)) == ["clean", "failed", "in", "killed"]     # no job prefix left

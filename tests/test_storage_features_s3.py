@@ -76,3 +76,25 @@ def test_an_object_store_output_needs_executors_on_the_driver_machine(stage):
     check_staging("spark://head:7077", "/shared/out", stage)
     with pytest.raises(ConfigError, match=f"s3://bucket/out: the {stage} stage .*spark.master=spark://head:7077"):
         check_staging("spark://head:7077", out, stage)
+
+
+@pytest.mark.slow
+def test_feature_stage_reads_an_ingested_dataset_on_the_object_store(spark, s3, samples, tmp_path):
+    """The ingested events on the store (the HEP pipeline with output_root=s3://): the feature
+    tasks read the parts through pyarrow.fs and give the datasets of the same events read from
+    the ROOT files."""
+    from pipeline.features.delphes import REQUIRED_BRANCHES
+    from pipeline.ingest.root import IngestRootConfig, ingest_root
+
+    local = build_features(_cfg(samples, str(tmp_path / "features")), spark=spark)
+    events = f"s3://{s3.bucket}/hep/events"
+    with environment(**s3.env("writer")):
+        ingest_root(IngestRootConfig(input=[f for s in samples for f in s["files"]], tree="Delphes", output=events,
+                                     filter_name=list(REQUIRED_BRANCHES)), spark=spark)
+        out = f"s3://{s3.bucket}/hep/features"
+        remote = build_features(_cfg(samples, out).model_copy(update={"input": events}), spark=spark)
+        loc = fs.location(out)
+        for name in ("hlf", "llf"):
+            assert _rows(f"{loc.path}/{name}", loc.filesystem()) == _rows(str(tmp_path / "features" / name)), name
+    assert remote["splits"] == local["splits"] and [f["written"] for f in remote["files"]] == \
+        [f["written"] for f in local["files"]]

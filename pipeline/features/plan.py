@@ -48,16 +48,29 @@ def label_of(path: str, samples: list[SampleSpec]) -> Optional[int]:
     return None
 
 
-def _is_ingested(p: str) -> bool:
-    return os.path.isdir(os.path.expanduser(p)) and os.path.isfile(os.path.join(os.path.expanduser(p), "_report.json"))
+def is_ingested(p: str) -> bool:
+    """``p`` is an ingested dataset (a local path, a shared mount or ``s3://``: it holds the
+    ingestion's ``_report.json``)."""
+    from ..fs import is_file, location
+
+    if "://" in p and not p.startswith(("s3://", "file://")):
+        return False
+    if "*" in p or "?" in p or "[" in p:
+        return False
+    try:
+        return is_file(location(os.path.expanduser(p)).child("_report.json"))
+    except BadInputError:        # an S3 location without credentials: not readable as a dataset
+        return False
 
 
 def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: list[str]) -> None:
     """The parts of one ingested dataset as work units (their entry ranges from its report)."""
+    from ..fs import location
     from ..outputs import read_json
 
-    d = os.path.abspath(os.path.expanduser(d))
-    rep = read_json(os.path.join(d, "_report.json"))
+    loc = location(os.path.expanduser(d))
+    d = str(loc)
+    rep = read_json(str(loc.child("_report.json")))
     have = set(rep.get("branches", []))
     lacking = [b for b in D.REQUIRED_BRANCHES if b not in have]
     if lacking:
@@ -70,7 +83,7 @@ def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: li
         info = FileInfo(len(files), f["file"], entries=int(f["entries"]))
         files.append(info)
         for part in f["parts"]:
-            units.append(Chunk(len(units), info.file_index, os.path.join(d, part["part"]), "",
+            units.append(Chunk(len(units), info.file_index, str(loc.child(part["part"])), "",
                                int(part["entry_start"]), int(part["entry_stop"])))
             info.chunks += 1
 
@@ -85,7 +98,7 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
     notes: list[str] = []
     raw = ([f for s in cfg.samples for f in s.files] if cfg.input is None
            else [cfg.input] if isinstance(cfg.input, str) else list(cfg.input))
-    ingested = [p for p in raw if _is_ingested(p)]
+    ingested = [p for p in raw if is_ingested(p)]
     roots = [p for p in raw if p not in ingested]
     for d in ingested:
         _ingested_units(d, files, units, notes)

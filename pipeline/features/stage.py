@@ -183,7 +183,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     out = location(cfg.output, output=True)  # a local path, a shared mount or s3://: the tasks write there
     check_writable(out)
     spark = spark or get_spark(cfg.spark)
-    if not out.is_local:
+    if not out.is_local or any(u.path.startswith("s3://") for u in units):
         forward_s3_settings(spark)
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     received: Counter = Counter()

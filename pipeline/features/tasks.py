@@ -66,9 +66,9 @@ def _read_unit(path: str, tree: str, a: int, b: int, timeout_s: float = FILE_TIM
     """The REQUIRED_BRANCHES of one unit as an awkward record array (a ROOT chunk: within ``timeout_s``)."""
     import awkward as ak
 
-    if not tree:   # an ingested Parquet part
-        import pyarrow.parquet as pq
-        return ak.from_arrow(pq.read_table(path, columns=list(D.REQUIRED_BRANCHES)))
+    if not tree:   # an ingested Parquet part (local or s3://, through pyarrow.fs)
+        from ..inputs import read_parquet
+        return ak.from_arrow(read_parquet(path, columns=list(D.REQUIRED_BRANCHES)))
     from ..ingest.root import read_chunk
     return read_chunk(path, tree, list(D.REQUIRED_BRANCHES), a, b, timeout_s)
 

@@ -64,12 +64,13 @@ def _next_bits(bits: int, hist_bits: int) -> int:
 def hash_partition(batches: Iterator, *, seed: int, rule: dict, specs: str, hist_bits: int) -> Iterator:
     """The ``mapInArrow`` function of a round: per task, its sample_id ranges (``start, stop,
     label``) hashed block by block; per query (``specs``: salt, label, split, prefix, bits, keys?)
-    a histogram (int64) of the next bits of the candidates' keys, or their keys."""
+    a histogram (int32: a task counts fewer than 2^31 events) of the next bits of the candidates'
+    keys, or their keys."""
     import pyarrow as pa
 
     rule_ = SplitRule.from_json(rule)
     queries = json.loads(specs)
-    hists = {i: np.zeros(1 << _next_bits(q[4], hist_bits), np.int64) for i, q in enumerate(queries) if not q[5]}
+    hists = {i: np.zeros(1 << _next_bits(q[4], hist_bits), np.int32) for i, q in enumerate(queries) if not q[5]}
     keys: dict = {i: [] for i, q in enumerate(queries) if q[5]}
     for batch in batches:
         d = batch.to_pydict()
@@ -158,7 +159,7 @@ def _narrow(todo: list[Query], want_keys: list[bool], res, hist_bits: int) -> No
             q.key = int(k[q.rank - 1])
             q.at_or_below = q.below + int(np.searchsorted(k, q.key, side="right"))
             continue
-        h = np.sum([np.frombuffer(col["hist"][j], np.int64) for j in rows], axis=0)
+        h = np.sum([np.frombuffer(col["hist"][j], np.int32).astype(np.int64) for j in rows], axis=0)
         if int(h.sum()) != q.left:
             raise RuntimeError(f"threshold selection: {int(h.sum())} keys, {q.left} expected (input changed?)")
         cum = np.cumsum(h)
