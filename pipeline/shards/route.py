@@ -55,6 +55,7 @@ def route_partition(batches: Iterator, *, router: Router, eval_names: list[str],
     from ..fs import location
 
     out_schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+    columns = pa.schema(list(out_schema)[:-len(RESERVED)])         # the input's, in the first file's order
     for batch in batches:
         d = batch.to_pydict()
         for uri, g, t_off, e_off in zip(d["uri"], d["row_group"], d["train_offset"], d["eval_offsets"]):
@@ -62,7 +63,7 @@ def route_partition(batches: Iterator, *, router: Router, eval_names: list[str],
             with loc.filesystem().open_input_file(loc.path) as f:
                 t = pq.ParquetFile(f).read_row_group(g)
             idx, dest, order = _destinations(t, router, eval_names, t_off, e_off)
-            routed = t.take(pa.array(idx)).cast(pa.schema(list(out_schema)[:t.num_columns]))
+            routed = t.select(columns.names).take(pa.array(idx)).cast(columns)
             routed = (routed.append_column(DEST, pa.array(dest, pa.int32()))
                       .append_column(PKEY, pa.array(np.asarray(pkeys, np.int64)[dest], pa.int64()))
                       .append_column(ORDER, pa.array(order, pa.int64())))

@@ -66,7 +66,7 @@ def check_schema(schema, where: str) -> None:
 def count_partition(batches: Iterator, *, schema_bytes: bytes) -> Iterator:
     """The ``mapInArrow`` function: per file (``file_index, uri``), per row group, the rows of each
     split and the checks of the keys; a file that cannot be read or whose schema differs from the
-    first file's is one ``error``."""
+    first file's (:func:`schema_difference`) is one ``error``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -81,8 +81,9 @@ def count_partition(batches: Iterator, *, schema_bytes: bytes) -> Iterator:
                 loc = location(uri)
                 with loc.filesystem().open_input_file(loc.path) as f:
                     pf = pq.ParquetFile(f)
-                    if not pf.schema_arrow.remove_metadata().equals(want):
-                        raise ValueError(f"its schema differs from the first file's ({pf.schema_arrow})")
+                    diff = schema_difference(pf.schema_arrow, want)
+                    if diff:
+                        raise ValueError(diff)
                     seen = []
                     for g in range(pf.metadata.num_row_groups):
                         t = pf.read_row_group(g, columns=list(KEYS))
@@ -95,6 +96,19 @@ def count_partition(batches: Iterator, *, schema_bytes: bytes) -> Iterator:
             except Exception as e:  # noqa: BLE001 - one line naming the file
                 rows = [{"file_index": fi, "row_group": -1, "error": " ".join(str(e).split())[:300]}]
             yield pa.RecordBatch.from_pylist(rows, schema=_count_schema())
+
+
+def schema_difference(got, want) -> str:
+    """'' when ``got`` has the columns and types of ``want`` (the first file's schema), else what
+    differs first, naming the column."""
+    for f in want:
+        i = got.get_field_index(f.name)
+        if i < 0:
+            return f"no column {f.name!r} (the first file of the dataset has it)"
+        if not got.field(i).type.equals(f.type):
+            return f"column {f.name!r} has type {got.field(i).type}, the first file's has {f.type}"
+    extra = [n for n in got.names if want.get_field_index(n) < 0]
+    return f"column {extra[0]!r} is not in the first file of the dataset" if extra else ""
 
 
 def _count(fi: int, g: int, t, nbytes: int) -> dict:
