@@ -384,25 +384,14 @@ def stage_inputs(files: list[str], n: int, work: Path) -> list[str]:
 def bare_write(block, out: Path, i: int) -> None:
     """The rows the stage writes for one chunk (hlf/ and llf/ columns), with pyarrow, with the
     stage's writer options and row group sizes."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.features.stage import (_HLF_ROW_BYTES, _lists, _llf_row_bytes, _output_schema,
-                                         _parquet_options, _rows_per_group, llf_lists)
+    from pipeline.features.rows import write_rows
 
     k = len(block.index)
     d = FeaturesConfig.model_fields
-    base = {"sample_id": pa.array(np.arange(k, dtype=np.int64)), "label": pa.array(np.ones(k, np.int64)),
-            "split": pa.array(["train"] * k, pa.string())}
-    hlf = _lists(block.hlf)
-    llf_row = int(_llf_row_bytes(block.n_particles).mean()) if k else 1
-    for name, cols, row_bytes in (("hlf", {"hlf": hlf}, _HLF_ROW_BYTES),
-                                  ("llf", {"llf": llf_lists(block.llf, block.n_particles),
-                                           "n_particles": pa.array(block.n_particles), "hlf": hlf}, llf_row)):
-        schema = _output_schema(name == "llf")
-        pq.write_table(pa.table({**base, **cols}, schema=schema), out / f"{name}-{i}.parquet",
-                       row_group_size=_rows_per_group(d[f"{name}_row_group_mb"].default, row_bytes),
-                       **_parquet_options(schema))
+    ids, labels, splits = np.arange(k, dtype=np.int64), np.ones(k, np.int64), np.zeros(k, np.int8)
+    for name in ("hlf", "llf"):
+        write_rows(str(out / f"{name}-{i}.parquet"), block, ids, labels, splits, name == "llf",
+                   d[f"{name}_row_group_mb"].default)
 
 
 def _bare_pass(units, work: Path) -> tuple[int, float, float]:
@@ -453,7 +442,7 @@ def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int, w
         us_compute.append(1e6 * t_compute / n)
         us_write.append(1e6 * t_write / n)
         if r == repeats - 1:
-            logging.getLogger("pipeline.features.stage").setLevel(logging.INFO)   # the phases of the last run
+            logging.getLogger("pipeline.features").setLevel(logging.INFO)   # the phases of the last run
         t0 = time.perf_counter()
         rep = build_features(cfg(files, f"spark{r}"), spark=spark)
         dt = time.perf_counter() - t0
@@ -462,7 +451,7 @@ def spark_stage(files: list[str], work: Path, spark, cores: int, repeats: int, w
         walls.append(dt)
         if r < repeats - 1:
             shutil.rmtree(work / f"spark{r}")
-    logging.getLogger("pipeline.features.stage").setLevel(logging.WARNING)
+    logging.getLogger("pipeline.features").setLevel(logging.WARNING)
     ratio = [s / b for s, b in zip(stage, bare)]
     ratio_w = [s / b for s, b in zip(stage, bare_w)]
     print(f"Spark feature stage (local[{cores}], work files {work_compression}, {len(files)} file(s), "

@@ -2,8 +2,8 @@
 
 Baseline (measured in the same run, on the same Spark session and input): a plain
 ``spark.read.parquet(input).write.parquet(out)`` of the whole dataset. Each layout is timed
-end to end through :func:`pipeline.shards.materialize.shard` (key read, assignment, the one
-Spark pass, manifest), after one untimed warm-up of each path. Printed per layout: rows written, seconds, ``ratio`` = time / baseline,
+end to end through :func:`pipeline.shards.materialize.shard` (the counting pass, the routing and
+writing pass, the manifest and the commit), after one untimed warm-up of each path. Printed per layout: rows written, seconds, ``ratio`` = time / baseline,
 and ``ratio/vol`` = ratio divided by the data volume relative to the baseline (rows written /
 input rows), so a layout that costs "proportionally to C" shows ``ratio/vol`` near the C = 1 value.
 

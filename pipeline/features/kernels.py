@@ -213,25 +213,3 @@ def low_level(evt, lep, t_off, t_pt, t_eta, t_phi, t_q, t_pid, t_x, t_y, t_z,
             for f in range(19):
                 out[i, 1 + slot, f] = row[f]
         npart[i] = 1 + m
-
-
-@njit(cache=True)
-def event_moments(llf, npart):
-    """Per event, the mean and the sum of squared deviations (M2) of each feature over its real
-    rows: ``llf`` (k, rows, features) float32, ``npart`` (k,) real rows (>= 1) -> two (k, features)
-    float64 arrays."""
-    k, _, nf = llf.shape
-    mean = np.zeros((k, nf))
-    m2 = np.zeros((k, nf))
-    for i in range(k):
-        n = npart[i]
-        for r in range(n):
-            for f in range(nf):
-                mean[i, f] += llf[i, r, f]
-        for f in range(nf):
-            mean[i, f] /= n
-        for r in range(n):
-            for f in range(nf):
-                d = llf[i, r, f] - mean[i, f]
-                m2[i, f] += d * d
-    return mean, m2

@@ -7,11 +7,11 @@ CERN code, which standardised the particles of each event on their own (turning 
 into non-zero values), the LLF statistics are over the *real* particles of all training events
 (rows ``< n_particles``) and padding stays exactly zero after the transform.
 
-The feature stage fits from the per-event partial moments its tasks return with their status
-(:func:`scaling_from_events`: count, mean and sum of squared deviations per event, merged with
-Chan's parallel formula), with no Spark pass of its own. ``FeatureScaler.fit`` fits any
-DataFrame in one Spark pass (``mapInArrow``: the same partial moments per partition, merged on
-the driver), so the LLF arrays never reach the driver. The artefact is the contract of the training stage, the pydantic
+Both fits work from partial moments (count, mean and sum of squared deviations per feature,
+:class:`Moments`, merged with Chan's parallel formula), computed where the rows are
+(:func:`row_moments`): the feature stage's writer tasks return those of the train rows they
+write, and ``FeatureScaler.fit`` fits any DataFrame in one Spark pass (``mapInArrow``: the same
+partial moments per partition, merged on the driver), so the arrays never reach the driver. The artefact is the contract of the training stage, the pydantic
 model :class:`ScalingFile`::
 
     {"hlf": {"mean": [14], "std": [14], "count": N}, "llf": {"mean": [19], "std": [19], "count": M}}
@@ -75,22 +75,16 @@ class Moments:
     m2: np.ndarray
 
     @classmethod
+    def empty(cls, features: int) -> "Moments":
+        return cls(0.0, np.zeros(features), np.zeros(features))
+
+    @classmethod
     def of(cls, x: np.ndarray) -> "Moments":
         x = np.asarray(x, dtype=np.float64)
         if len(x) == 0:
             return cls(0.0, np.zeros(x.shape[1]), np.zeros(x.shape[1]))
         mean = x.mean(axis=0)
         return cls(float(len(x)), mean, ((x - mean) ** 2).sum(axis=0))
-
-    @classmethod
-    def combine(cls, n: np.ndarray, mean: np.ndarray, m2: np.ndarray) -> "Moments":
-        """The moments of the union of groups with counts ``n`` (k,), means and M2s (k, features)."""
-        n = np.asarray(n, np.float64)
-        total = float(n.sum())
-        if total == 0:
-            return cls(0.0, np.zeros(mean.shape[1]), np.zeros(mean.shape[1]))
-        mu = (n[:, None] * mean).sum(axis=0) / total
-        return cls(total, mu, m2.sum(axis=0) + (n[:, None] * (mean - mu) ** 2).sum(axis=0))
 
     def merge(self, other: "Moments") -> "Moments":
         if other.n == 0:
@@ -179,15 +173,19 @@ def _real_particles(col, n_particles: np.ndarray) -> np.ndarray:
     return values[np.repeat(starts, width) + pos].astype(np.float64).reshape(-1, N_LLF_FEATURES)
 
 
-def scaling_from_events(hlf: np.ndarray, npart: np.ndarray, llf_mean: np.ndarray, llf_m2: np.ndarray) -> ScalingModel:
-    """The model of the train events given per event: ``hlf`` (k, N_HLF), the number of real LLF
-    rows ``npart`` (k,) and the mean and M2 of each LLF feature over them ((k, N_LLF_FEATURES),
-    ``kernels.event_moments``): what the feature stage collects from its tasks, so that the fit
-    needs no Spark pass."""
-    h = Moments.of(np.asarray(hlf, np.float64).reshape(-1, N_HLF))
-    l_ = Moments.combine(npart, np.asarray(llf_mean).reshape(-1, N_LLF_FEATURES),
-                         np.asarray(llf_m2).reshape(-1, N_LLF_FEATURES))
-    return ScalingModel(h.mean, h.std(), l_.mean, l_.std(), int(h.n), int(l_.n))
+def row_moments(table, hlf_col: str = "hlf", llf_col: Optional[str] = "llf",
+                n_col: str = "n_particles") -> tuple[Moments, Moments]:
+    """The moments of the HLF and of the real LLF particles of the rows of an Arrow table (LLF
+    empty when ``llf_col`` is None)."""
+    h = Moments.of(_fixed(table.column(hlf_col), N_HLF))
+    if not llf_col:
+        return h, Moments.empty(N_LLF_FEATURES)
+    return h, Moments.of(_real_particles(table.column(llf_col), table.column(n_col).to_numpy()))
+
+
+def model_of(hlf: Moments, llf: Moments) -> ScalingModel:
+    """The scaling model of these moments."""
+    return ScalingModel(hlf.mean, hlf.std(), llf.mean, llf.std(), int(hlf.n), int(llf.n))
 
 
 class FeatureScaler:
@@ -207,22 +205,16 @@ class FeatureScaler:
                                  StructField("m2", ArrayType(DoubleType()))])
 
         def partial(batches: Iterator):
-            acc = {"hlf": Moments(0.0, np.zeros(N_HLF), np.zeros(N_HLF)),
-                   "llf": Moments(0.0, np.zeros(N_LLF_FEATURES), np.zeros(N_LLF_FEATURES))}
+            acc = {"hlf": Moments.empty(N_HLF), "llf": Moments.empty(N_LLF_FEATURES)}
             for b in batches:
-                t = pa.Table.from_batches([b])
-                acc["hlf"] = acc["hlf"].merge(Moments.of(_fixed(t.column(hlf_col), N_HLF)))
-                if llf_col:
-                    real = _real_particles(t.column(llf_col), t.column(n_col).to_numpy())
-                    acc["llf"] = acc["llf"].merge(Moments.of(real))
+                h, l_ = row_moments(pa.Table.from_batches([b]), hlf_col, llf_col, n_col)
+                acc["hlf"], acc["llf"] = acc["hlf"].merge(h), acc["llf"].merge(l_)
             rows = [{"what": k, "n": m.n, "mean": m.mean.tolist(), "m2": m.m2.tolist()} for k, m in acc.items()]
             yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("what", pa.string()), ("n", pa.float64()),
                                                                      ("mean", pa.list_(pa.float64())),
                                                                      ("m2", pa.list_(pa.float64()))]))
 
-        res = {"hlf": Moments(0.0, np.zeros(N_HLF), np.zeros(N_HLF)),
-               "llf": Moments(0.0, np.zeros(N_LLF_FEATURES), np.zeros(N_LLF_FEATURES))}
+        res = {"hlf": Moments.empty(N_HLF), "llf": Moments.empty(N_LLF_FEATURES)}
         for r in df.select(*cols).mapInArrow(spark_task(partial), out_schema).collect():
             res[r["what"]] = res[r["what"]].merge(Moments(r["n"], np.asarray(r["mean"]), np.asarray(r["m2"])))
-        h, l_ = res["hlf"], res["llf"]
-        return ScalingModel(h.mean, h.std(), l_.mean, l_.std(), int(h.n), int(l_.n))
+        return model_of(res["hlf"], res["llf"])

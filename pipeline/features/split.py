@@ -1,22 +1,30 @@
-"""The stratified split and the class balancing of the feature stage, decided on the driver.
+"""The stratified split and the class balancing of the feature stage: the rule, and its
+reference computation in memory.
 
 Every selected event has a ``sample_id`` (dense, in (file, entry) order) and two seeded hashes of
-it, uniform in [0, 1): ``u`` (split) and ``v`` (balancing). They are Spark's
+it: ``u`` (split) and ``v`` (balancing), 53-bit integer keys (:func:`hash_key`) or, divided by
+2^53, uniform numbers in [0, 1) (:func:`hash_unit`). They are Spark's
 ``xxhash64(seed, salt, sample_id)`` (seed 42 chained over the three values, as
-``pyspark.sql.functions.xxhash64`` computes it) masked to 53 bits and divided by 2^53, computed
-here with numpy (:func:`hash_unit`) so that the driver knows every event's split from the per-chunk
-counts alone, without a Spark job; :func:`spark_hash_unit` is the same value as a Spark column
-(to reproduce a split in Spark SQL; the tests compare the two).
+``pyspark.sql.functions.xxhash64`` computes it) masked to 53 bits, computed here with numpy;
+:func:`spark_hash_unit` is the same value as a Spark column (to reproduce a split in Spark SQL;
+the tests compare the two).
 
 * Split: per class, events ordered by ``u``; the first ``floor(n * test_fraction)`` are test, the
   next ``floor(n * val_fraction)`` val, the rest train (exact counts, two thresholds per class).
 * Balancing: in every split each class is cut to the smallest non-empty class of that split,
   keeping the events with the smallest ``v``.
+
+Both come down to thresholds on the keys: a :class:`SplitRule` gives any event its split from
+its sample_id and label alone, so the stage's tasks apply it while they write, and the driver
+only chooses the thresholds (:mod:`pipeline.features.thresholds`, from the tasks' histograms of
+the keys). :func:`assign` is the same rule computed in memory over every event (the reference the
+tests compare the stage with).
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -95,20 +103,72 @@ def _hash_longs(values: np.ndarray, seed: int) -> np.ndarray:
     return h
 
 
-def hash_unit(sample_id: np.ndarray, seed: int, salt: str) -> np.ndarray:
-    """Uniform [0, 1) per sample_id: ``xxhash64(seed, salt, sample_id) & (2^53 - 1)) / 2^53`` with
-    Spark's xxhash64 (``seed`` hashed as an int when it fits in 32 bits, else as a long, as
-    ``F.lit(seed)`` types it)."""
+#: bits of a key (:func:`hash_key`)
+KEY_BITS = 53
+
+
+@functools.lru_cache(maxsize=64)
+def _salted(seed: int, salt: str) -> int:
+    """The xxhash64 state after ``seed`` and ``salt`` (``seed`` hashed as an int when it fits in
+    32 bits, else as a long, as ``F.lit(seed)`` types it)."""
     h = _SPARK_SEED
     h = _hash_int(seed, h) if -(1 << 31) <= seed < (1 << 31) else int(_hash_longs(np.array([seed]), h)[0])
-    h = _xxh64_bytes(salt.encode("utf-8"), h)
-    return (_hash_longs(sample_id, h) & np.uint64(_MASK53)).astype(np.float64) / float(1 << 53)
+    return _xxh64_bytes(salt.encode("utf-8"), h)
+
+
+def hash_key(sample_id: np.ndarray, seed: int, salt: str) -> np.ndarray:
+    """The 53-bit key per sample_id: ``xxhash64(seed, salt, sample_id) & (2^53 - 1)`` with Spark's
+    xxhash64, as int64."""
+    return (_hash_longs(sample_id, _salted(seed, salt)) & np.uint64(_MASK53)).astype(np.int64)
+
+
+def hash_unit(sample_id: np.ndarray, seed: int, salt: str) -> np.ndarray:
+    """Uniform [0, 1) per sample_id: :func:`hash_key` / 2^53 (exact in float64)."""
+    return hash_key(sample_id, seed, salt).astype(np.float64) / float(1 << KEY_BITS)
 
 
 def spark_hash_unit(col, seed: int, salt: str):
     """:func:`hash_unit` as a Spark column expression."""
     from pyspark.sql import functions as F
     return F.xxhash64(F.lit(int(seed)), F.lit(salt), col).bitwiseAND(F.lit(_MASK53)).cast("double") / float(1 << 53)
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """The split and balancing of any event from its sample_id and label: per label the key
+    thresholds ``(t_test, t_val)`` on ``u`` (test if ``u <= t_test``, else val if ``u <= t_val``,
+    else train; -1: none), and per (split index, label) a threshold on ``v`` above which balancing
+    drops the event (absent: every event is kept)."""
+
+    seed: int
+    split_keys: dict = field(default_factory=dict)      # label -> (t_test, t_val)
+    keep_keys: dict = field(default_factory=dict)       # (split index, label) -> t
+
+    def splits(self, u: np.ndarray, label: int) -> np.ndarray:
+        """The split index (into :data:`SPLITS`) of events of ``label`` with split keys ``u``."""
+        t_test, t_val = self.split_keys.get(label, (-1, -1))
+        return np.where(u <= t_test, SPLITS.index("test"),
+                        np.where(u <= t_val, SPLITS.index("val"), SPLITS.index("train"))).astype(np.int8)
+
+    def codes(self, sample_id: np.ndarray, label: int) -> np.ndarray:
+        """Per event of ``label``: its split index, -1 where balancing drops it."""
+        ids = np.asarray(sample_id, np.int64)
+        split = self.splits(hash_key(ids, self.seed, "split"), label)
+        limits = [(s, t) for (s, lab), t in self.keep_keys.items() if lab == label]
+        if limits:
+            v = hash_key(ids, self.seed, "balance")
+            for s, t in limits:
+                split[(split == s) & (v > t)] = -1
+        return split
+
+    def to_json(self) -> dict:
+        return {"seed": self.seed, "split_keys": [[lab, *t] for lab, t in sorted(self.split_keys.items())],
+                "keep_keys": [[s, lab, t] for (s, lab), t in sorted(self.keep_keys.items())]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SplitRule":
+        return cls(int(d["seed"]), {int(lab): (int(a), int(b)) for lab, a, b in d["split_keys"]},
+                   {(int(s), int(lab)): int(t) for s, lab, t in d["keep_keys"]})
 
 
 def _kth(values: np.ndarray, k: int) -> float:

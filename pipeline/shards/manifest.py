@@ -50,7 +50,9 @@ class WorkerShard(_Strict):
     files: list[str] = Field(default_factory=list, description="the directory's Parquet file names")
     rows: int = Field(ge=1, description="number of rows (training samples held by the worker)")
     sample_ids: list[tuple[int, int]] = Field(default_factory=list,
-                                              description="sample ids held, as sorted inclusive [first, last] ranges")
+                                              description="optional: sample ids held, as sorted inclusive [first, "
+                                                          "last] ranges (the shard stage leaves it empty: the ids "
+                                                          "are in the files)")
     seed: int = Field(description="the worker's shuffle seed")
     group: dict[str, int] = Field(default_factory=dict, description="household / neighbourhood labels")
 

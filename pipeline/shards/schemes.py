@@ -30,26 +30,31 @@ Schemes (``Layout.scheme``):
                     a neighbourhood, every neighbourhood holds the whole dataset (C = NB). Other
                     S_H dividing H follow the household rule above.
 
-How samples are cut: the N training samples (by position 0..N-1 in sorted-``sample_id`` order)
-are permuted with the layout seed (``shuffle=True``, the default, so shards are label-balanced
-even when ids are ordered by label) and cut into P equal pieces (piece j = positions
-[floor(jN/P), floor((j+1)N/P)) of the permutation), so every worker's sample count differs from
-every other's by at most one row (a window of C consecutive pieces also differs by at most one).
-Each worker's list is finally shuffled with the worker's own seed: that is the row order written
-to its Parquet directory, so equal-data workers also hold their rows in different orders.
+How samples are cut: the N training samples (by their position p in 0..N-1: the order of the
+training rows in the input) get a slot by a seeded bijection of [0, N) computed per sample (a
+Feistel network, :mod:`pipeline.shards.permutation`; ``shuffle=True``, the default, so shards
+are label-balanced even when ids are ordered by label; the identity with ``shuffle=False``), and
+the slots are cut into P equal pieces (piece j = slots [floor(jN/P), floor((j+1)N/P))), so every
+worker's sample count differs from every other's by at most one row (a window of C consecutive
+pieces also differs by at most one). The fine-grained design is computed for the first
+``FINE_GRAINED_PERIOD`` slots (N when smaller) and repeats. Each worker writes its samples in the
+order of a second bijection keyed by the worker's own seed, so equal-data workers also hold their
+rows in different orders. :class:`Router` computes all of this per sample, so the shard stage's
+tasks route rows without any table of the samples; :func:`assign` is the same in memory.
 
 Impossible layouts (C > M, S not dividing M, more shards than samples, H not dividing M, ...)
 raise :class:`~pipeline.errors.ConfigError` naming the parameter.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from ..errors import ConfigError
+from .fine_grained import design
+from .permutation import permute
 
 SCHEMES = ("disjoint", "full_overlap", "coarse", "medium_coarse", "fine_grained", "households",
            "neighbourhoods")
@@ -279,135 +284,95 @@ def _bounds(n: int, p: int) -> np.ndarray:
     return (np.arange(p + 1, dtype=np.int64) * n) // p
 
 
-def _fine_grained(n: int, M: int, C: int, seed: int) -> list[list[int]]:
-    """Greedy balanced design: for each sample the C least-loaded workers, ties broken by the
-    fewest samples already shared with the workers chosen so far, then randomly (seeded).
-    Loads stay within one of each other; pairwise intersections stay within a few samples of
-    the mean N*C*(C-1)/(M*(M-1)). O(N*C*M) in pure Python (~1 s for N=16k, M=16, C=8)."""
-    rnd = random.Random(seed)
-    load = [0] * M
-    pair = [[0] * M for _ in range(M)]
-    per_worker: list[list[int]] = [[] for _ in range(M)]
-    order = list(range(M))
-    for s in range(n):
-        rnd.shuffle(order)                    # random tie-break among equals ...
-        order.sort(key=load.__getitem__)      # ... stable sort: least loaded first
-        thr = load[order[C - 1]]
-        chosen = [w for w in order if load[w] < thr]
-        free = [w for w in order if load[w] == thr]
-        score = [0] * M
-        for w in chosen:
-            row = pair[w]
-            for v in free:
-                score[v] += row[v]
-        for _ in range(C - len(chosen)):
-            best = min(free, key=score.__getitem__)
-            free.remove(best)
-            chosen.append(best)
-            row = pair[best]
-            for v in free:
-                score[v] += row[v]
-        for w in chosen:
-            load[w] += 1
-            row = pair[w]
-            for v in chosen:
-                row[v] += 1
-            per_worker[w].append(s)
-    if n <= 64 * M:  # only a small N can leave two workers with identical samples
-        _break_equal_workers(per_worker, pair, n)
-    return per_worker
+#: the fine-grained design repeats with this period (rounded up to a multiple of M) when N is larger
+FINE_GRAINED_PERIOD = 4096
 
 
-def _break_equal_workers(per_worker: list[list[int]], pair: list[list[int]], n: int) -> None:
-    """Repair pass for small N: when the greedy leaves two workers a, b holding identical
-    samples (it can at the end of a round, when the last least-loaded workers are forced
-    together), swap one membership: sample s (held by a and b) goes from a to a worker c that
-    holds a sample t that a lacks, and t goes from c to a. Loads and copies are unchanged; the
-    swap with the smallest increase of the sum of squared pair counts is taken."""
-    M = len(per_worker)
-    holders: list[list[int]] = [[] for _ in range(n)]
-    for w, samples in enumerate(per_worker):
-        for s in samples:
-            holders[s].append(w)
-    for _ in range(4 * M):
-        seen: dict[tuple, int] = {}
-        dup = None
-        for w, samples in enumerate(per_worker):
-            key = tuple(sorted(samples))
-            if key in seen:
-                dup = (seen[key], w)
-                break
-            seen[key] = w
-        if dup is None:
-            return
-        a = dup[0]
-        held = set(per_worker[a])
-        best = None
-        for s in per_worker[a]:
-            xs = [x for x in holders[s] if x != a]
-            for t in range(n):
-                if t in held:
-                    continue
-                for c in holders[t]:
-                    if c in holders[s]:
-                        continue
-                    ys = [y for y in holders[t] if y != c]
-                    # pairs (a,x),(c,y) lost; (c,x),(a,y) gained: change of the sum of squares
-                    delta = sum(2 * (pair[c][x] - pair[a][x]) + 2 for x in xs) + \
-                        sum(2 * (pair[a][y] - pair[c][y]) + 2 for y in ys)
-                    if best is None or delta < best[0]:
-                        best = (delta, s, t, c, xs, ys)
-        if best is None:
-            return
-        _, s, t, c, xs, ys = best
-        for x in xs:
-            pair[a][x] -= 1; pair[x][a] -= 1; pair[c][x] += 1; pair[x][c] += 1  # noqa: E702
-        for y in ys:
-            pair[c][y] -= 1; pair[y][c] -= 1; pair[a][y] += 1; pair[y][a] += 1  # noqa: E702
-        holders[s][holders[s].index(a)] = c
-        holders[t][holders[t].index(c)] = a
-        per_worker[a][per_worker[a].index(s)] = t
-        per_worker[c][per_worker[c].index(t)] = s
+@dataclass(frozen=True)
+class Router:
+    """Where each training sample goes, computed per sample from its position ``p`` in ``[0, N)``
+    (the order of the training rows in the input) with no table of the samples: its slot is a
+    keyed bijection of ``p`` (:func:`pipeline.shards.permutation.permute`; the identity without
+    ``shuffle``), a row of ``table`` (C workers) is chosen from the slot (the slot's piece, or the
+    slot modulo the fine-grained period), and a worker writes its samples in the order of a second
+    bijection keyed by its own seed."""
+
+    layout: Layout
+    n: int
+    table: np.ndarray              # (rows, C) int32: the workers of each piece / pattern row
+    period: int                    # 0: rows are the P pieces of [0, N); > 0: slot modulo period
+    seeds: tuple
+
+    @classmethod
+    def of(cls, layout: Layout, n: int) -> "Router":
+        check_sample_count(layout, n)
+        M, C, s = layout.workers, layout.copies, layout.scheme
+        if s == "full_overlap" or (s == "fine_grained" and C == M):
+            table, period = np.arange(M)[None, :], 0
+        elif s == "fine_grained":
+            period = n if n <= FINE_GRAINED_PERIOD else -(-FINE_GRAINED_PERIOD // M) * M
+            rows = [[] for _ in range(period)]
+            for w, held in enumerate(design(period, M, C, _seed_of(layout.seed, 3))):
+                for slot in held:
+                    rows[slot].append(w)
+            table = np.array(rows)
+        else:
+            table, period = _piece_workers(layout), 0
+        return cls(layout, n, np.asarray(table, np.int32).reshape(-1, C), period, tuple(worker_seeds(layout)))
+
+    def slots(self, positions: np.ndarray) -> np.ndarray:
+        p = np.asarray(positions, np.int64)
+        return permute(p, self.n, _seed_of(self.layout.seed, 2)) if self.layout.shuffle else p
+
+    def workers(self, positions: np.ndarray) -> np.ndarray:
+        """(k, C) the workers holding each position."""
+        slot = self.slots(positions)
+        if self.period:
+            return self.table[slot % self.period]
+        pieces = len(self.table)
+        return self.table[((slot + 1) * pieces - 1) // self.n]
+
+    def order(self, positions: np.ndarray, worker: int) -> np.ndarray:
+        """The write order keys of these positions in ``worker``'s shard (a bijection of [0, N))."""
+        return permute(positions, self.n, self.seeds[worker])
+
+    def sizes(self) -> np.ndarray:
+        """Samples per worker, from the table alone."""
+        M = self.layout.workers
+        if self.period:
+            q, r = divmod(self.n, self.period)
+            return q * np.bincount(self.table.ravel(), minlength=M) + np.bincount(self.table[:r].ravel(), minlength=M)
+        per_piece = np.diff(_bounds(self.n, len(self.table)))
+        return np.bincount(self.table.ravel(), weights=np.repeat(per_piece, self.table.shape[1]),
+                           minlength=M).astype(np.int64)
+
+
+def _piece_workers(layout: Layout) -> np.ndarray:
+    """The workers of each piece of the piece-based schemes (one row per piece)."""
+    M, C, s = layout.workers, layout.copies, layout.scheme
+    if s == "disjoint":
+        return np.arange(M)[:, None]
+    if s == "coarse":
+        S = layout.shards
+        return np.array([[j + k * S for k in range(M // S)] for j in range(S)])
+    if s == "medium_coarse":
+        return np.array([[(j - k) % M for k in range(C)] for j in range(M)])
+    W, SH, H = M // layout.households, layout.household_shards, layout.households   # households / neighbourhoods
+    return np.array([[(j // W + t * SH) * W + j % W for t in range(H // SH)] for j in range(SH * W)])
 
 
 def assign(layout: Layout, n: int) -> Assignment:
-    """Assign N training samples (positions 0..N-1) to the layout's workers. Pure and seeded:
-    the same (layout, n) always gives the same assignment."""
-    check_sample_count(layout, n)
-    M, C = layout.workers, layout.copies
-    rng = np.random.default_rng(np.random.SeedSequence([layout.seed, 2]))
-    perm = rng.permutation(n) if layout.shuffle else np.arange(n)
-
-    def pieces(p: int) -> list[np.ndarray]:
-        b = _bounds(n, p)
-        return [perm[b[j]:b[j + 1]] for j in range(p)]
-
-    s = layout.scheme
-    if s == "full_overlap":
-        members = [perm for _ in range(M)]
-    elif s == "disjoint":
-        members = pieces(M)
-    elif s == "coarse":
-        sh = pieces(layout.shards)
-        members = [sh[i % layout.shards] for i in range(M)]
-    elif s == "medium_coarse":
-        sh = pieces(M)
-        members = [np.concatenate([sh[(i + k) % M] for k in range(C)]) for i in range(M)]
-    elif s == "fine_grained":
-        if C == M:
-            members = [perm for _ in range(M)]
-        else:
-            fg = _fine_grained(n, M, C, _seed_of(layout.seed, 3))
-            members = [perm[np.asarray(w, dtype=np.int64)] for w in fg]
-    else:  # households / neighbourhoods
-        W = M // layout.households
-        sh = pieces(layout.household_shards * W)
-        members = [sh[((i // W) % layout.household_shards) * W + i % W] for i in range(M)]
-
-    seeds = worker_seeds(layout)
-    members = [np.random.default_rng(seeds[i]).permutation(np.asarray(m, dtype=np.int64))
-               for i, m in enumerate(members)]
-    return Assignment(layout=layout, n=n, members=members, seeds=seeds, groups=worker_groups(layout))
+    """Assign N training samples (positions 0..N-1) to the layout's workers, in memory (what the
+    shard stage's tasks compute per row with :class:`Router`). Pure and seeded: the same
+    (layout, n) always gives the same assignment."""
+    router = Router.of(layout, n)
+    pos = np.arange(n, dtype=np.int64)
+    held = router.workers(pos)
+    members = []
+    for w in range(layout.workers):
+        mine = pos[(held == w).any(axis=1)]
+        members.append(mine[np.argsort(router.order(mine, w), kind="stable")])
+    return Assignment(layout=layout, n=n, members=members, seeds=list(router.seeds), groups=worker_groups(layout))
 
 
 def id_ranges(ids: np.ndarray) -> list[list[int]]:

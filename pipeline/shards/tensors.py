@@ -5,7 +5,7 @@ rows are lists of one fixed length k as a Parquet ``FIXED_LEN_BYTE_ARRAY`` of k 
 dtype, with field metadata ``{"pipeline.tensor": {"dtype": ..., "length": k}}``. Parquet then
 stores no repetition levels and decoding a row group is a single buffer copy (list columns
 decode element by element: docs/loader.md has the measured comparison). :func:`encode` is used
-by the writer (:mod:`pipeline.shards.materialize`), :func:`decode` by the reader
+by the writer (:mod:`pipeline.shards.write`), :func:`decode` by the reader
 (:mod:`pipeline.data.parquet`), which also reads plain list columns. A list column that declares
 ``pad_to`` (the LLF of schema v3 holds only real particles) becomes a tensor of that length,
 each row padded with zeros.
