@@ -10,7 +10,7 @@ import os
 from typing import Optional
 
 from ..errors import BadInputError
-from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files
+from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files, sample_path
 from ..packing import balanced_tasks
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
@@ -28,9 +28,11 @@ BYTES_PER_ENTRY = 4096
 
 
 def _expand_pattern(p: str) -> str:
+    """A sample's file pattern as :func:`label_of` matches it: ``samples:NAME`` as its path, a
+    URL as it is, a path with its variables, ``~`` and, unless it starts with a glob, its
+    directory expanded."""
     if p.startswith(SAMPLES_PREFIX):
-        from ..samples import coffea_samples
-        return str(coffea_samples() / p[len(SAMPLES_PREFIX):])
+        return sample_path(p)
     if "://" in p:
         return p
     p = os.path.expandvars(os.path.expanduser(p))

@@ -1,21 +1,24 @@
 """The feature pass: the Spark task that turns work units into selected events, and the driver
-side that runs it (a second pass for the chunks of the ROOT files larger than one chunk).
+side that runs it, both on the shared two-pass reading of ROOT files (:mod:`pipeline.ingest.root`:
+:func:`~pipeline.ingest.root.scan_file`, :func:`~pipeline.ingest.root.second_pass_chunks`,
+:func:`~pipeline.ingest.root.read_range`).
 
 Per work unit the task reads the :data:`~pipeline.features.delphes.REQUIRED_BRANCHES` (a whole
-ROOT file is opened and cut into ``step_size`` chunks in the task; a file of one chunk is
-processed right there, on the same open tree), runs
-:func:`~pipeline.features.delphes.compute_features`, leaves the selected events in a work file
-(:mod:`pipeline.features.workfiles`) and returns one status row."""
+ROOT file is planned in the task and cut into ``step_size`` chunks; a file of one chunk is
+processed right there, on the same open tree; the chunks of a larger file go to a second pass),
+runs :func:`~pipeline.features.delphes.compute_features`, leaves the selected events in a work
+file (:mod:`pipeline.features.workfiles`) and returns one status row."""
 from __future__ import annotations
 
 import functools
 import logging
 import time
-from typing import Iterator, Union
+from typing import Any, Iterator, Optional, Union
 
-from ..commit import ATTEMPT_DDL, JobTarget, TaskAttempt, attempt_schema
-from ..errors import BadInputError
-from ..ingest.root import FILE_TIMEOUT_S, Chunk, FileInfo, ReadTimeout, parse_step_size
+from ..commit import ATTEMPT_DDL, JobTarget, attempt_schema
+from ..ingest.root import (FILE_TIMEOUT_S, Chunk, FileInfo, FilePlanning, error_text, read_arrays, read_range,
+                           scan_file, second_pass_chunks)
+from ..inputs import read_parquet
 from ..spark import spark_task, task_frame
 from . import delphes as D
 from . import workfiles
@@ -45,48 +48,37 @@ def _status_schema():
                           ("llf_bytes", pa.int64()))
 
 
-def task_attempt(target: JobTarget) -> TaskAttempt:
-    """This task's attempt of the job; called outside a Spark task (a task body run directly), one
-    attempt 0 of a stage and partition 0."""
-    from pyspark import TaskContext
-
-    if TaskContext.get() is None:
-        return target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
-    return target.attempt()
+def _read_events(t, entry_start: int, entry_stop: int):
+    """The two-pass reading's ``read``: the REQUIRED_BRANCHES of an entry range of an open tree."""
+    return read_arrays(t, list(D.REQUIRED_BRANCHES), entry_start, entry_stop)
 
 
-def _reason(e: BaseException) -> str:
-    """The status row's error: the message of an input error, else the type and first line."""
-    if isinstance(e, (BadInputError, ReadTimeout)):
-        return str(e)
-    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
-
-
-def _read_unit(path: str, tree: str, a: int, b: int, timeout_s: float = FILE_TIMEOUT_S):
-    """The REQUIRED_BRANCHES of one unit as an awkward record array (a ROOT chunk: within ``timeout_s``)."""
+def _parquet_events(path: str):
+    """The REQUIRED_BRANCHES of an ingested Parquet part (local or s3://, through pyarrow.fs)."""
     import awkward as ak
 
-    if not tree:   # an ingested Parquet part (local or s3://, through pyarrow.fs)
-        from ..inputs import read_parquet
-        return ak.from_arrow(read_parquet(path, columns=list(D.REQUIRED_BRANCHES)))
-    from ..ingest.root import read_chunk
-    return read_chunk(path, tree, list(D.REQUIRED_BRANCHES), a, b, timeout_s)
+    return ak.from_arrow(read_parquet(path, columns=list(D.REQUIRED_BRANCHES)))
 
 
-def _open_unit(path: str, tree: str, a: int, b: int, mode: str, size, timeout_s: float):
-    """(events or None, entry_start, entry_stop, entries, ranges) of one work unit: a whole ROOT
-    file is opened and cut into chunks; its one chunk is read on the open tree, else only its
-    ranges come back (its chunks go to a second pass)."""
-    from ..ingest.root import plan_file, read_arrays, read_deadline
-
+def _unit_events(path: str, tree: str, a: int, b: int, step_size: Union[int, str], timeout_s: float) \
+        -> tuple[Any, int, int, int, list[tuple[int, int]], Optional[str]]:
+    """(events or None, entry_start, entry_stop, entries, ranges, error) of one work unit. A whole
+    ROOT file is the first pass (:func:`~pipeline.ingest.root.scan_file`): its one chunk is read on
+    the open tree as that chunk, else only its ``entries`` and ``ranges`` come back; a chunk is the
+    second pass (:func:`~pipeline.ingest.root.read_range`); a unit without a tree is an ingested
+    Parquet part."""
+    if not tree:
+        try:
+            return _parquet_events(path), a, b, -1, [], None
+        except Exception as e:  # noqa: BLE001 - the driver reports the file
+            return None, a, b, -1, [], error_text(e)
     if a != WHOLE_FILE:
-        return _read_unit(path, tree, a, b, timeout_s), a, b, -1, []
-    required = list(D.REQUIRED_BRANCHES)
-    with read_deadline(timeout_s):
-        t, _, entries, ranges, _ = plan_file(path, tree, required, required, mode, size)
-        if len(ranges) == 1:   # one chunk: processed here, on the open tree, as that chunk
-            return read_arrays(t, required, *ranges[0]), ranges[0][0], ranges[0][1], entries, ranges
-    return None, a, b, entries, ranges
+        events, err = read_range(path, tree, a, b, _read_events, timeout_s)
+        return events, a, b, -1, [], err
+    scan = scan_file(path, FilePlanning(tree, list(D.REQUIRED_BRANCHES), step_size, timeout_s=timeout_s), _read_events)
+    if scan.done and scan.ranges:
+        a, b = scan.ranges[0]
+    return scan.data, a, b, scan.entries, scan.ranges, scan.error
 
 
 def feature_partition(batches: Iterator, *, target: JobTarget, step_size: Union[int, str] = "50 MB",
@@ -94,29 +86,27 @@ def feature_partition(batches: Iterator, *, target: JobTarget, step_size: Union[
                       compression: str) -> Iterator:
     """The ``mapInArrow`` function of the feature pass. Per work unit (``file_index, path, tree,
     entry_start, entry_stop``): a whole ROOT file (:data:`~pipeline.features.plan.WHOLE_FILE`) is
-    opened and cut into ``step_size`` chunks (at most ``file_timeout_s`` to open it); when it is
+    planned and cut into ``step_size`` chunks (at most ``file_timeout_s`` to open it); when it is
     one chunk it is processed on the same open tree, otherwise only its ranges come back. A chunk
     is read (at most ``file_timeout_s``), selected and computed; its selected events go to its
     work file (:func:`~pipeline.features.workfiles.work_name`, written by this task's attempt of
     the job ``target``); one status row comes back (:func:`_status_schema`)."""
     import pyarrow as pa
 
-    attempt = task_attempt(target)
-    mode, size = parse_step_size(step_size)
+    attempt = target.attempt()
     schema = _status_schema()
     for batch in batches:
         d = batch.to_pydict()
         for fi, path, tree, a, b in zip(d["file_index"], d["path"], d["tree"], d["entry_start"], d["entry_stop"]):
-            err, n_read, n_sel, n_bytes, block = None, 0, 0, 0, None
-            entries, ranges = -1, []
-            try:
-                ev, a, b, entries, ranges = _open_unit(path, tree, a, b, mode, size, file_timeout_s)
-                if ev is not None:
+            n_read, n_sel, n_bytes, block = 0, 0, 0, None
+            ev, a, b, entries, ranges, err = _unit_events(path, tree, a, b, step_size, file_timeout_s)
+            if ev is not None and err is None:
+                try:
                     block = D.compute_features(ev)
                     n_read, n_sel = block.n_read, len(block.index)
                     n_bytes = int(llf_row_bytes(block.n_particles).sum())
-            except Exception as e:  # noqa: BLE001 - the driver reports the file
-                err, n_sel, n_bytes = _reason(e), 0, 0
+                except Exception as e:  # noqa: BLE001 - the driver reports the file
+                    err, n_sel, n_bytes = error_text(e), 0, 0
             if n_sel:  # outside the try: a full disk fails the stage, it is not the input file's fault
                 with attempt.open(workfiles.work_name(fi, a)) as sink:
                     workfiles.save_block(block, sink, batch_rows, compression=compression)
@@ -145,16 +135,17 @@ def _feature_pass(spark, units: list[Chunk], target: JobTarget, cfg: FeaturesCon
 def run_units(spark, files: list[FileInfo], units: list[Chunk], target: JobTarget, cfg: FeaturesConfig,
               t_start: float, received) -> tuple[list[Chunk], dict]:
     """The feature pass over the work units, and a second one over the chunks of the ROOT files
-    that are more than one chunk: (every chunk processed, in (file, entry) order and numbered so;
-    {chunk_id: status}). The files' entries, chunk counts and errors are filled in ``files``."""
+    that are more than one chunk (:func:`~pipeline.ingest.root.second_pass_chunks`): (every chunk
+    processed, in (file, entry) order and numbered so; {chunk_id: status}). The files' entries,
+    chunk counts and errors are filled in ``files``."""
     rows = _feature_pass(spark, units, target, cfg, received) if units else []
-    more = []
     for r in rows:
-        f = files[r["file_index"]]
-        if r["entries"] >= 0:            # a whole ROOT file, opened by its task
+        if r["entries"] >= 0:            # a whole ROOT file, planned by its task
+            f = files[r["file_index"]]
             f.entries, f.chunks = int(r["entries"]), len(r["starts"])
-        if r["entry_start"] == WHOLE_FILE and r["starts"] and not r["error"]:
-            more += [Chunk(0, f.file_index, f.path, cfg.tree, a, b) for a, b in zip(r["starts"], r["stops"])]
+    more = second_pass_chunks([f.path for f in files], cfg.tree,
+                              {r["file_index"]: (r["starts"], r["stops"]) for r in rows
+                               if r["entry_start"] == WHOLE_FILE and not r["error"]})
     if more:
         log.info("features: %d chunk(s) of %d large file(s) -> a second pass", len(more),
                  len({c.file_index for c in more}))

@@ -26,7 +26,6 @@ from . import workfiles
 from .layout import N_HLF, N_LLF_FEATURES
 from .rows import HLF_ROW_BYTES, llf_row_bytes, output_schema, parquet_options, split_names
 from .split import SPLITS, SplitRule
-from .tasks import task_attempt
 
 
 def row_group_cuts(row_bytes: np.ndarray, budget: int, final: bool) -> list[int]:
@@ -148,7 +147,7 @@ def write_partition(batches: Iterator, *, target: JobTarget, rule: dict, llf_bud
 
     from .scaling import Moments
 
-    attempt = task_attempt(target)
+    attempt = target.attempt()
     rule_ = SplitRule.from_json(rule)
     acc = [Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES)]
     hlf = llf = None

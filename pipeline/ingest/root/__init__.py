@@ -14,7 +14,7 @@
 from .config import (FILE_TIMEOUT_S, PARQUET_WRITE_OPTIONS, SAMPLES_PREFIX, IngestRootConfig, default_schema_name,
                      parse_step_size)
 from .deadline import ReadTimeout, read_deadline
-from .files import resolve_files
+from .files import resolve_files, sample_path
 from .planning import CHUNK_COLUMNS, BadFile, Chunk, FileInfo, Plan, chunks_dataframe, plan_chunks, plan_file
 from .schema import arrow_schema, as_schema, conform, schema_bytes, supported_branches
 from .stage import ingest_root, plan_ingest_root
@@ -28,5 +28,5 @@ __all__ = ["BadFile", "CHUNK_COLUMNS", "Chunk", "FILE_TIMEOUT_S", "FileInfo", "F
            "as_schema", "branches_by_name", "cached_tree", "chunks_dataframe", "conform", "convert_range",
            "default_schema_name", "error_text", "first_line", "ingest_root", "is_rntuple", "match_branches",
            "open_tree", "parse_step_size", "part_name", "plan_chunks", "plan_file", "plan_ingest_root",
-           "read_arrays", "read_chunk", "read_deadline", "read_range", "resolve_files", "scan_file",
-           "schema_bytes", "second_pass_chunks", "supported_branches", "to_arrow"]
+           "read_arrays", "read_chunk", "read_deadline", "read_range", "resolve_files", "sample_path",
+           "scan_file", "schema_bytes", "second_pass_chunks", "supported_branches", "to_arrow"]

@@ -8,6 +8,7 @@ from typing import Iterable, Union
 
 from ...errors import ConfigError
 from ...fs import expand_remote_glob
+from ...samples import coffea_samples
 from .config import SAMPLES_PREFIX
 
 
@@ -15,6 +16,14 @@ def _as_list(v: Union[str, Iterable[str]]) -> list[str]:
     if isinstance(v, str):
         return [s.strip() for s in v.split(",")] if "," in v and "://" not in v else [v]
     return [str(x) for x in v]
+
+
+def sample_path(item: str) -> str:
+    """``samples:NAME`` as the path of that file of the cached coffea samples
+    (:func:`pipeline.samples.coffea_samples`); any other item as it is."""
+    if item.startswith(SAMPLES_PREFIX):
+        return str(coffea_samples() / item[len(SAMPLES_PREFIX):])
+    return item
 
 
 def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
@@ -27,10 +36,7 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
     """
     out: list[str] = []
     for item in _as_list(inputs):
-        item = item.strip()
-        if item.startswith(SAMPLES_PREFIX):
-            from ...samples import coffea_samples
-            item = str(coffea_samples() / item[len(SAMPLES_PREFIX):])
+        item = sample_path(item.strip())
         if "://" in item and not item.startswith("file://"):
             hits = expand_remote_glob(item) if item.lower().startswith("root://") else [item]
             if not hits:

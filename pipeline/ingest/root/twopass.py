@@ -1,5 +1,6 @@
 """Plan the file in the task, then a second pass for the large files: the pattern ROOT ingestion
-and the feature stage share.
+and the feature stage share (the feature stage imports it from :mod:`pipeline.ingest.root`, the
+package's public API; the task bodies, writers and reports stay with each stage).
 
 Opening a ROOT file's metadata (a Delphes file: about 1,100 branch objects) costs several times
 more than reading its physics branches, so it is done once per file, in parallel, in the task
