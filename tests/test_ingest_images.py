@@ -248,6 +248,25 @@ def test_cifar_batch_whose_pickle_runs_code_is_refused(spark, tmp_path, digits, 
     assert not marker.exists() and not out.exists()
 
 
+@pytest.mark.parametrize("module", [b"numpy.core.multiarray", b"numpy._core.multiarray"])
+def test_cifar_unpickler_reads_the_arrays_of_numpy_1_and_numpy_2(module):
+    """numpy 1 names its array reconstruction ``numpy.core.multiarray``, numpy 2
+    ``numpy._core.multiarray``: a batch pickled under either loads with the restricted unpickler
+    under this numpy, to the same array."""
+    import io
+    import re
+
+    from pipeline.ingest.images import CifarUnpickler
+
+    planes = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    raw = pickle.dumps({b"data": planes, b"labels": [3, 7]}, protocol=2)
+    spelled, n = re.subn(rb"numpy\.(_)?core\.multiarray", module, raw)
+    assert n == 1
+    batch = CifarUnpickler(io.BytesIO(spelled)).load()
+    np.testing.assert_array_equal(batch[b"data"], planes)
+    assert batch[b"labels"] == [3, 7]
+
+
 def test_cifar_batch_in_the_python_format_with_filenames(spark, tmp_path, digits):
     """The fields of a real CIFAR-10 batch (protocol 2, as the archive's): batch_label, labels,
     data (uint8 N x 3072) and filenames are admitted by the restricted unpickler."""

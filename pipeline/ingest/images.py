@@ -251,9 +251,12 @@ def _read_part(part: dict) -> dict:
 class CifarUnpickler(pickle.Unpickler):
     """Unpickles a CIFAR-10 python batch and nothing else: the only globals a pickle may name are
     numpy's array reconstruction, ``numpy.ndarray``, ``numpy.dtype`` and ``_codecs.encode`` (how a
-    protocol-2 pickle written by Python 3 spells bytes; dicts, lists and numbers need none). Any other global (``os.system``, ``builtins.eval``, a class with a
-    ``__reduce__``) is refused before it is looked up, so no code of the file runs."""
+    protocol-2 pickle written by Python 3 spells bytes; dicts, lists and numbers need none). Any
+    other global (``os.system``, ``builtins.eval``, a class with a ``__reduce__``) is refused before
+    it is looked up, so no code of the file runs; an admitted one is looked up by pickle itself."""
 
+    #: numpy 1 names the array reconstruction numpy.core.multiarray, numpy 2 numpy._core.multiarray;
+    #: numpy 1.26 and 2 read both names
     _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
                 ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
 
@@ -264,13 +267,7 @@ class CifarUnpickler(pickle.Unpickler):
         if (module, name) not in self._ALLOWED:
             raise pickle.UnpicklingError(f"refused global {module}.{name}: a CIFAR-10 batch holds only arrays, "
                                          "lists and bytes")
-        if name == "_reconstruct":
-            return np.core.multiarray._reconstruct
-        if module == "_codecs":
-            import codecs
-
-            return codecs.encode
-        return getattr(np, name)
+        return super().find_class(module, name)
 
 
 def _arrow_schema_with_error():
