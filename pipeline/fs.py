@@ -17,8 +17,11 @@ is the one place that translates.
 """
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 import posixpath
+import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -285,8 +288,6 @@ def file_size(loc: Location) -> Optional[int]:
 
 def sha256(loc: Location) -> str:
     """The SHA-256 of the file/object ``loc``, read in 1 MiB pieces."""
-    import hashlib
-
     h = hashlib.sha256()
     try:
         with loc.filesystem().open_input_stream(loc.path) as f:
@@ -376,8 +377,6 @@ def remove_dir_if_empty(loc: Location) -> None:
 
 def delete_tree(loc: Location) -> None:
     """Remove a directory/prefix and everything under it; missing is fine."""
-    import shutil
-
     if loc.is_local:
         shutil.rmtree(loc.path, ignore_errors=True)
         return
@@ -399,9 +398,7 @@ def remote_root_timeout(default: Optional[int] = None) -> int:
 def expand_remote_glob(url: str) -> list[str]:
     """The files a remote glob (``root://host//dir/*.root``) matches, listed by the server (sorted).
     A URL without glob characters is returned as is."""
-    import glob as _glob
-
-    if not _glob.has_magic(url.split("://", 1)[1]):
+    if not glob.has_magic(url.split("://", 1)[1]):
         return [url]
     import fsspec
 

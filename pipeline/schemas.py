@@ -35,6 +35,7 @@ from typing import Any, Optional
 import pyarrow as pa
 
 from .errors import BadInputError, ConfigError
+from .outputs import local_path
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 
@@ -259,7 +260,6 @@ def validate_data(table: pa.Table, expected: DatasetSchema, where: str) -> None:
 def parquet_schema(path: str | os.PathLike) -> pa.Schema:
     """The Arrow schema of a Parquet file or directory, or BadInputError naming the path."""
     import pyarrow.dataset as ds
-    from .outputs import local_path
 
     p = local_path(path)
     if not p.exists():
@@ -309,7 +309,6 @@ def validate_parquet(path: str | os.PathLike, expected: DatasetSchema, check_dat
 
 def _validate_parquet_values(path: str | os.PathLike, expected: DatasetSchema) -> None:
     import pyarrow.dataset as ds
-    from .outputs import local_path
 
     constrained = [f for f in expected.to_arrow() if not f.nullable or pa.types.is_fixed_size_list(f.type)
                    or pad_length(f) is not None

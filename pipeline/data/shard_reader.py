@@ -30,7 +30,9 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..features.layout import N_HLF, N_LLF_FEATURES, N_PARTICLES
+from ..features.scaling import ScalingModel
 from ..fs import is_file, location
+from .prefetch import DevicePrefetcher
 
 #: the loader's engines (``loader.engine``)
 ENGINES = ("native", "petastorm")
@@ -54,8 +56,6 @@ def load_scaling(path: Optional[str]) -> Optional[dict]:
     file when it is missing or not valid. A local path or an ``s3://`` URI."""
     if path is None:
         return None
-    from ..features.scaling import ScalingModel
-
     loc = location(path)
     if not is_file(loc):
         raise BadInputError(f"scaling file not found: {loc}")
@@ -225,8 +225,6 @@ class ShardReader:
 
         device = torch.device(self.device if self.device is not None else "cpu")
         if device.type != "cpu" or self.engine == "petastorm":
-            from .prefetch import DevicePrefetcher
-
             it = iter(DevicePrefetcher(it, device, depth=self.prefetch))
         self._handed_out.append(it)
         return it

@@ -10,7 +10,9 @@ import os
 from typing import Optional
 
 from ..errors import BadInputError
+from ..fs import is_file, location
 from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files, sample_path
+from ..outputs import read_json
 from ..packing import balanced_tasks
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
@@ -53,8 +55,6 @@ def label_of(path: str, samples: list[SampleSpec]) -> Optional[int]:
 def is_ingested(p: str) -> bool:
     """``p`` is an ingested dataset (a local path, a shared mount or ``s3://``: it holds the
     ingestion's ``_report.json``)."""
-    from ..fs import is_file, location
-
     if "://" in p and not p.startswith(("s3://", "file://")):
         return False
     if "*" in p or "?" in p or "[" in p:
@@ -67,9 +67,6 @@ def is_ingested(p: str) -> bool:
 
 def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: list[str]) -> None:
     """The parts of one ingested dataset as work units (their entry ranges from its report)."""
-    from ..fs import location
-    from ..outputs import read_json
-
     loc = location(os.path.expanduser(d))
     d = str(loc)
     rep = read_json(str(loc.child("_report.json")))

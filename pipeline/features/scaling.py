@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadInputError
+from ..outputs import read_json, write_json
 from ..spark import spark_task
 from .layout import LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
 
@@ -116,13 +117,11 @@ class ScalingModel:
                            llf=LLFStats(mean=self.llf_mean.tolist(), std=self.llf_std.tolist(), count=self.llf_count))
 
     def save(self, path) -> Path:
-        from ..outputs import write_json
         return write_json(path, self.to_file().model_dump())
 
     @classmethod
     def load(cls, path) -> "ScalingModel":
         """Read and validate a ``scaling.json``; BadInputError naming the file if it is not one."""
-        from ..outputs import read_json
         try:
             f = ScalingFile.model_validate(read_json(path))
         except (ValidationError, ValueError, OSError) as e:

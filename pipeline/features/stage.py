@@ -42,8 +42,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from ..commit import output_job
 from ..errors import BadInputError
+from ..fs import check_writable, location
 from ..ingest.root import Chunk
+from ..inputs import parquet_schema_of
+from ..spark import forward_s3_settings, get_spark
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
 from .layout import HLF_NAMES, LLF_NAMES, N_CLASSES, N_HLF, N_LLF_FEATURES
@@ -63,8 +67,6 @@ log = logging.getLogger(__name__)
 
 def plan_features(cfg: FeaturesConfig) -> dict:
     """--dry-run: inputs and outputs (Spark is not started)."""
-    from ..fs import location
-
     out = location(cfg.output, output=True)
     raw = cfg.input if cfg.input is not None else [f for s in cfg.samples for f in s.files]
     return {"inputs": raw, "samples": [s.model_dump() for s in cfg.samples],
@@ -151,7 +153,6 @@ def _validate(job, schema_dir: Path) -> None:
     """The schema of every hlf/ and llf/ file from its footer; the values' constraints (no nulls,
     list lengths) hold by construction: every row comes from numpy blocks of fixed width or of
     19 x n_particles."""
-    from ..inputs import parquet_schema_of
     from ..schemas import load_schema, validate
 
     expected = {name: load_schema(name, SCHEMA_VERSIONS[name], schema_dir) for name in ("hlf", "llf")}
@@ -164,10 +165,7 @@ def _validate(job, schema_dir: Path) -> None:
 def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     """Run the stage; returns {"files": [...per-file counts...], "hlf": path, "llf": path,
     "scaling": path, "report": path, "splits": {...}}. See the module docstring."""
-    from ..commit import output_job
-    from ..fs import check_writable, location
     from ..schemas import SCHEMA_DIR, load_schema
-    from ..spark import forward_s3_settings, get_spark
 
     t_start = time.time()
     schema_dir = Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR

@@ -25,6 +25,7 @@ from ..spark import spark_task, task_frame
 from . import workfiles
 from .layout import N_HLF, N_LLF_FEATURES
 from .rows import HLF_ROW_BYTES, llf_row_bytes, output_schema, parquet_options, split_names
+from .scaling import Moments, row_moments
 from .split import SPLITS, SplitRule
 
 
@@ -145,8 +146,6 @@ def write_partition(batches: Iterator, *, target: JobTarget, rule: dict, llf_bud
     them), written to ``llf/part-<group>`` and to this task's ``hlf/`` file."""
     import pyarrow as pa
 
-    from .scaling import Moments
-
     attempt = target.attempt()
     rule_ = SplitRule.from_json(rule)
     acc = [Moments.empty(N_HLF), Moments.empty(N_LLF_FEATURES)]
@@ -188,8 +187,6 @@ def _copy_chunk(work: Location, offset: int, label: int, rule: SplitRule, llf: P
     """One work file's events into the two part files: (rows read, rows written per split);
     the moments of the train rows are merged into ``acc``."""
     import pyarrow as pa
-
-    from .scaling import row_moments
 
     pos, written = 0, np.zeros(len(SPLITS), np.int64)
     for b in workfiles.read_batches(work):
@@ -244,8 +241,6 @@ def write_datasets(spark, target: JobTarget, groups: list[tuple], sizes: list[in
     """The second Spark pass: ``groups`` (group, work files, their attempt directories, first
     sample_ids, labels, chunk indices) packed into one task per task slot by their ``sizes``, each
     writing its llf/ files and one hlf/ file (:func:`write_partition`)."""
-    from .scaling import Moments
-
     fn = functools.partial(write_partition, target=target, rule=rule.to_json(),
                            llf_budget=max(1, int(cfg.llf_row_group_mb * (1 << 20))),
                            hlf_budget=max(1, int(cfg.hlf_row_group_mb * (1 << 20))), file_bytes=cfg.file_mb << 20)

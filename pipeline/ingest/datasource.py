@@ -38,6 +38,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ..errors import BadInputError, ConfigError
+from .root import plan_chunks, read_chunk, resolve_files, to_arrow
 
 OPTIONS = {"tree": "Events", "filter_name": "*", "step_size": "100 MB", "entry_start": None, "entry_stop": None}
 
@@ -110,8 +111,6 @@ class RootDataSource(DataSource):
     def plan(self):
         """plan_chunks over the files; BadInputError naming the first bad file."""
         if self._plan is None:
-            from .root import plan_chunks, resolve_files
-
             s = self.settings
             plan = plan_chunks(resolve_files(s["paths"]), s["tree"], s["filter_name"], s["step_size"],
                                s["entry_start"], s["entry_stop"], progress=False)
@@ -150,8 +149,6 @@ class RootReader(DataSourceReader):
         return [InputPartition(c) for c in self.chunks]
 
     def read(self, partition) -> Iterator:
-        from .root import read_chunk, to_arrow
-
         path, tree, a, b = partition.value
         try:
             table = to_arrow(read_chunk(path, tree, self.branches, a, b))

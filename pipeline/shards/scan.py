@@ -14,7 +14,8 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import BadInputError
-from ..inputs import dataset_files, parquet_schema_of
+from ..fs import location
+from ..inputs import dataset_files, parquet_frame, parquet_schema_of
 from ..spark import forward_s3_settings, spark_task, task_frame
 
 KEYS = ("sample_id", "split")
@@ -69,8 +70,6 @@ def count_partition(batches: Iterator, *, schema_bytes: bytes) -> Iterator:
     first file's (:func:`schema_difference`) is one ``error``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from ..fs import location
 
     want = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
     for batch in batches:
@@ -137,8 +136,6 @@ def _count_schema():
 def scan(spark, path) -> tuple[Scan, int]:
     """The input's files, schema and per row group counts (one Spark pass); BadInputError naming
     the file and column of the first problem. Returns (scan, bytes received from the tasks)."""
-    from ..fs import location
-
     files = dataset_files(path)
     if not location(path).is_local:
         forward_s3_settings(spark)
@@ -176,9 +173,6 @@ def _check_unique_across_files(spark, path, files: list[str], rows: list[dict]) 
     if all(a[1] < b[0] for a, b in zip(ordered, ordered[1:])):
         return
     from pyspark.sql import functions as F
-
-    from ..fs import location
-    from ..inputs import parquet_frame
 
     dup = (parquet_frame(spark, path, columns=["sample_id"]).groupBy("sample_id").count()
            .where(F.col("count") > 1).limit(1).collect())

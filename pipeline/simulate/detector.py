@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import DetectorConfig
+from .generator import quiet_stdout
 
 C_LIGHT_MM_PER_S = 2.99792458e11
 KIND_TRACK, KIND_PHOTON, KIND_NEUTRAL = 0, 1, 2
@@ -283,9 +284,7 @@ def _jets(cfg, rng, n_ev, n_cand, cand_start, px, py, pz, e, kind, q, pdg, from_
     global _FASTJET_BANNER_SHOWN
     jetdef = fastjet.JetDefinition(fastjet.antikt_algorithm, cfg.jet_radius)
     if not _FASTJET_BANNER_SHOWN:          # fastjet prints a banner to stdout on first use
-        from .generator import _quiet_stdout
-
-        with _quiet_stdout():
+        with quiet_stdout():
             cs = fastjet.ClusterSequence(vectors, jetdef)
             cs.inclusive_jets(min_pt=cfg.jet_pt_min)
         _FASTJET_BANNER_SHOWN = True

@@ -75,7 +75,7 @@ def process_settings(process: str, *, ecm: float = 13000.0, qcd_pthat_min: float
 
 
 @contextlib.contextmanager
-def _quiet_stdout():
+def quiet_stdout():
     """Silence C++ banners written to fd 1 (Pythia / fastjet) while initialising."""
     try:
         sys.stdout.flush()
@@ -120,7 +120,7 @@ class ProcessGenerator:
     def __post_init__(self):
         import pythia8mc
 
-        with _quiet_stdout():
+        with quiet_stdout():
             p = pythia8mc.Pythia("", False)
             for line in [*self.settings, "Random:setSeed = on", f"Random:seed = {self.seed}"]:
                 if not p.readString(line):

@@ -22,14 +22,19 @@ import os
 import shutil
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
 
 from ..commit import JobTarget, output_job
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..features.layout import CLASS_LABELS
 from ..fs import location
-from ..spark import forward_s3_settings, spark_task
+from ..spark import forward_s3_settings, get_spark, spark_task
 from .config import SimulateConfig
-from .generator import derive_seeds, process_settings
+from .delphes_io import write_delphes
+from .detector import simulate_detector
+from .generator import ProcessGenerator, derive_seeds, process_settings
 
 log = logging.getLogger(__name__)
 SIDECAR = "simulation.json"
@@ -72,12 +77,6 @@ def run_task(task: dict, cfg: SimulateConfig, target: JobTarget) -> dict:
     and the attempt's record (``attempt_dir``, ``files``); a :class:`PipelineError` is returned as
     ``{"error": message}`` so the driver can report it in one line.
     """
-    import numpy as np
-
-    from .delphes_io import write_delphes
-    from .detector import simulate_detector
-    from .generator import ProcessGenerator
-
     t0, c0 = time.time(), time.process_time()
     p = task["process"]
     try:
@@ -122,8 +121,6 @@ def plan_generate(cfg: SimulateConfig) -> dict:
 
 
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for pkg in ("pythia8mc", "fastjet", "uproot", "awkward", "numpy"):
         try:
@@ -180,8 +177,6 @@ def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, target: JobTarg
 def generate(cfg: SimulateConfig, spark=None) -> dict:
     """Run the stage. Returns ``{"output", "sidecar", "files": {process: [paths]}, "events": {process: n},
     "filter_efficiency": {process: eff}, "seconds"}``; files are listed in task order."""
-    from ..spark import get_spark
-
     t0 = time.time()
     tasks = make_tasks(cfg)
     spark = spark or get_spark(cfg.spark)

@@ -2,6 +2,7 @@
 and chunks cast to it."""
 from __future__ import annotations
 
+import io
 import logging
 import re
 
@@ -42,8 +43,6 @@ def _root_type(t, name: str) -> str:
 def _probe(t, names: list[str], stop: int = 1):
     """The Arrow table of a real read of entries [0, stop) (none for an empty tree), written to an
     in-memory Parquet file: what a task will produce, or the exception that stops it."""
-    import io
-
     import pyarrow.parquet as pq
 
     table = to_arrow(read_arrays(t, names, 0, min(stop, int(t.num_entries))))

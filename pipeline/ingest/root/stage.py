@@ -27,7 +27,7 @@ from typing import Optional
 from ...commit import OutputJob, output_job
 from ...errors import BadInputError
 from ...fs import location
-from ...spark import forward_s3_settings, spark_task, task_frame
+from ...spark import forward_s3_settings, get_spark, spark_task, task_frame
 from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
 from .files import resolve_files
 from .planning import Chunk, Plan, chunks_dataframe, plan_chunks
@@ -54,8 +54,6 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     Raises BadInputError (after committing the good files) if a file failed and
     ``allow_bad_files`` is false, or if no file could be read at all.
     """
-    from ...spark import get_spark
-
     t_start = time.time()
     files = resolve_files(cfg.input)
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
