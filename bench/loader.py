@@ -126,7 +126,7 @@ def bare_loader(path: Path, features: str, batch: int, mode: str, threads: int) 
     from pipeline.data.engines import MemoryShard
     from pipeline.data.shard_reader import ShardReader
 
-    MemoryShard._cache.clear()
+    MemoryShard.clear_cache()
     t0 = time.perf_counter()
     with ShardReader(str(path), batch, features, seed=1, mode=mode, decode_threads=threads) as r:
         load = time.perf_counter() - t0
@@ -416,7 +416,7 @@ def measure(root: Path, name: str, rows: int, steps: int, threads: int, repeats:
     if name == "hlf":
         v = "meets" if mem >= 1e6 else "BELOW"
         print(f"  HLF bare read (native memory mode) {mem / 1e6:.2f}M rows/s: {v} the 1M rows/s target")
-    MemoryShard._cache.clear()
+    MemoryShard.clear_cache()
     shutil.rmtree(path)
 
 

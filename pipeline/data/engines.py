@@ -66,6 +66,11 @@ class MemoryShard:
         self.n = _rows(cols)
 
     @classmethod
+    def clear_cache(cls) -> None:
+        """Forget the cached shard (a benchmark timing the load again)."""
+        cls._cache.clear()
+
+    @classmethod
     def load(cls, path: str, columns: Sequence[str], progress: Optional[Callable[[], None]] = None) -> "MemoryShard":
         """Decode the whole directory once, row group by row group (Arrow decodes with its own
         threads; ``progress()`` is called after each one); later calls with the same directory,

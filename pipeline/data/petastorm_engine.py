@@ -6,7 +6,8 @@ hands each one over as numpy columns; the fixed-size binary tensor columns
 (:mod:`pipeline.shards.tensors`) arrive as one ``bytes`` value per row and are decoded here in
 numpy (one join and one ``frombuffer`` per row group). A ``TransformSpec`` doing the same decode
 inside Petastorm's worker costs a pandas round trip per row group (Arrow -> pandas -> per-row
-arrays -> Arrow -> numpy) and measured at about half the rate (``bench/loader.py --profile``).
+arrays -> Arrow -> numpy) and reads fewer rows per second (``bench/loader.py --profile``;
+docs/loader.md).
 
 What keeps the native engines' contracts:
 

@@ -54,9 +54,8 @@ class FeaturesConfig(StageConfig):
                                   "to read one chunk; longer: the file is reported as bad")
     work_compression: Literal["none", "lz4", "zstd"] = Field(
         "lz4", description="compression of the work files between the two Spark passes (Arrow IPC under the "
-                           "output job's prefix, removed at the commit): lz4 stages about 0.6x the bytes "
-                           "of none, which saves about 6 CPU-microseconds per event where the output's disk "
-                           "keeps up (tmpfs, fast local disks)")
+                           "output job's prefix, removed at the commit): lz4 stages fewer bytes, none spends "
+                           "less CPU per event (docs/benchmarks.md#hep-features)")
 
     @field_validator("step_size")
     @classmethod

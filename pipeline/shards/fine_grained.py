@@ -9,7 +9,7 @@ def design(n: int, M: int, C: int, seed: int) -> list[list[int]]:
     """Greedy balanced design: for each sample the C least-loaded workers, ties broken by the
     fewest samples already shared with the workers chosen so far, then randomly (seeded).
     Loads stay within one of each other; pairwise intersections stay within a few samples of
-    the mean N*C*(C-1)/(M*(M-1)). O(N*C*M) in pure Python (~1 s for N=16k, M=16, C=8)."""
+    the mean N*C*(C-1)/(M*(M-1)). O(N*C*M) in pure Python."""
     rnd = random.Random(seed)
     load = [0] * M
     pair = [[0] * M for _ in range(M)]
