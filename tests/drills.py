@@ -12,9 +12,12 @@ FAULTS = (("clean", None), ("killed", "mid:exit"), ("failed", "after:raise"))
 
 
 def failed_tasks(spark) -> int:
-    """Task attempts that failed so far in the session's jobs."""
-    tracker = spark.sparkContext.statusTracker()
-    stages = {s for j in tracker.getJobIdsForGroup() for s in (tracker.getJobInfo(j).stageIds or [])}
+    """Task attempts that failed so far in the jobs of the session's current job group (the drill
+    runner gives each call a group of its own)."""
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    group = sc.getLocalProperty("spark.jobGroup.id")
+    stages = {s for j in tracker.getJobIdsForGroup(group) for s in (tracker.getJobInfo(j).stageIds or [])}
     return sum(info.numFailedTasks for info in map(tracker.getStageInfo, stages) if info is not None)
 
 
