@@ -202,6 +202,10 @@ class TaskAttempt:
             size = out.tell()
         return size
 
+    def parquet_writer(self, rel: str, schema, **parquet_options) -> "PartWriter":
+        """The Parquet file ``rel`` written row group by row group (:class:`PartWriter`)."""
+        return PartWriter(self, rel, schema, parquet_options)
+
     def put_file(self, rel: str, local: str | os.PathLike) -> int:
         """Copy a file of the task's local scratch space (e.g. one a library can only write to a
         seekable local file) to ``rel``; its bytes."""
@@ -241,6 +245,29 @@ class TaskAttempt:
         if how == "exit":
             os._exit(17)
         raise InjectedFault(f"injected fault while writing {rel} (partition {self.partition}, attempt 0)")
+
+
+class PartWriter:
+    """A Parquet file a task attempt writes over several calls: ``writer`` is a
+    ``pyarrow.parquet.ParquetWriter`` on the stream of :meth:`TaskAttempt.open`; :meth:`close`
+    completes the file, :meth:`abort` removes what it left."""
+
+    def __init__(self, attempt: TaskAttempt, rel: str, schema, parquet_options: dict) -> None:
+        import pyarrow.parquet as pq
+
+        self.rel = rel
+        self._stream = attempt.open(rel)
+        self.writer = pq.ParquetWriter(self._stream.__enter__(), schema, **parquet_options)
+
+    def close(self) -> None:
+        self.writer.close()
+        self._stream.__exit__(None, None, None)
+
+    def abort(self, exc: BaseException) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        with contextlib.suppress(BaseException):
+            self._stream.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def _relative(rel: str) -> str:

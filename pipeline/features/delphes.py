@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import CAPS, LLF_NAMES, LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
+from .layout import CAPS, LLF_SIZE, N_HLF, N_LLF_FEATURES, N_PARTICLES
 
 #: The branches the feature stage reads (name -> meaning). Any Delphes-layout tree that has
 #: them works: a real Delphes 3 file or one written by uproot (pipeline.simulate).

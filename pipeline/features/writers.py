@@ -10,7 +10,6 @@ never committed). The tasks return the files they wrote, the rows per chunk and 
 moments of the train rows they wrote (the scaling fit), never the rows."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -88,13 +87,9 @@ class PartFile:
     :meth:`close` completes it, :meth:`abort` removes it."""
 
     def __init__(self, attempt: TaskAttempt, rel: str, with_llf: bool, budget: int) -> None:
-        import pyarrow.parquet as pq
-
         self.rel, self.schema = rel, output_schema(with_llf)
-        self._stream = attempt.open(rel)
-        sink = self._stream.__enter__()
-        self.writer = pq.ParquetWriter(sink, self.schema, **parquet_options(self.schema))
-        self.groups, self.rows, self.bytes = RowGroups(self.writer, budget), 0, 0
+        self.part = attempt.parquet_writer(rel, self.schema, **parquet_options(self.schema))
+        self.groups, self.rows, self.bytes = RowGroups(self.part.writer, budget), 0, 0
 
     def add(self, table) -> None:
         import pyarrow as pa
@@ -106,15 +101,11 @@ class PartFile:
 
     def close(self) -> str:
         self.groups.close()
-        self.writer.close()
-        self._stream.__exit__(None, None, None)
+        self.part.close()
         return self.rel
 
     def abort(self, exc: BaseException) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-        with contextlib.suppress(BaseException):
-            self._stream.__exit__(type(exc), exc, exc.__traceback__)
+        self.part.abort(exc)
 
 
 def part_name(group: int) -> str:

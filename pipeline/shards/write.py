@@ -6,12 +6,11 @@ the task's attempt of the commit protocol (:mod:`pipeline.commit`): attempt-scop
 job's prefix on the output's filesystem; the driver commits the attempts Spark returned."""
 from __future__ import annotations
 
-import contextlib
 from typing import Iterator
 
 import numpy as np
 
-from ..commit import ATTEMPT_DDL, JobTarget, attempt_schema
+from ..commit import ATTEMPT_DDL, JobTarget, TaskAttempt, attempt_schema
 from ..schemas import pad_length
 from .tensors import encode, tensor_field
 
@@ -46,12 +45,9 @@ def _as_tensors(table, tensors: dict[str, tuple[str, int]], out_schema, padded: 
 class _DestFile:
     """One destination's file: rows buffered into row groups of exactly ``rows_per_group``."""
 
-    def __init__(self, attempt, rel: str, out_schema, options: dict, rows_per_group: int) -> None:
-        import pyarrow.parquet as pq
-
+    def __init__(self, attempt: TaskAttempt, rel: str, out_schema, options: dict, rows_per_group: int) -> None:
         self.rel, self.rows_per_group = rel, rows_per_group
-        self._stream = attempt.open(rel)
-        self.writer = pq.ParquetWriter(self._stream.__enter__(), out_schema, **options)
+        self.part = attempt.parquet_writer(rel, out_schema, **options)
         self.pending, self.n, self.rows, self.groups = [], 0, 0, 0
 
     def put(self, table, final: bool = False) -> None:
@@ -65,7 +61,7 @@ class _DestFile:
             return
         t = pa.concat_tables(self.pending)
         full = self.n if final else (self.n // self.rows_per_group) * self.rows_per_group
-        self.writer.write_table(t.slice(0, full), row_group_size=self.rows_per_group)
+        self.part.writer.write_table(t.slice(0, full), row_group_size=self.rows_per_group)
         self.groups += -(-full // self.rows_per_group)
         self.rows += full
         rest = t.slice(full)
@@ -73,14 +69,10 @@ class _DestFile:
 
     def close(self) -> None:
         self.put(None, final=True)
-        self.writer.close()
-        self._stream.__exit__(None, None, None)
+        self.part.close()
 
     def abort(self, exc: BaseException) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-        with contextlib.suppress(BaseException):
-            self._stream.__exit__(type(exc), exc, exc.__traceback__)
+        self.part.abort(exc)
 
 
 def write_partition(batches: Iterator, *, target: JobTarget, dirs: list[str], schema_bytes: bytes,
