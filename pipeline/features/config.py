@@ -7,7 +7,7 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import StageConfig
-from ..ingest.root import FILE_TIMEOUT_S, parse_step_size
+from ..ingest.root import FILE_TIMEOUT_S, StepSize
 from .layout import CLASS_LABELS, N_CLASSES
 
 
@@ -40,7 +40,7 @@ class FeaturesConfig(StageConfig):
                                       "with a matching path/glob (QCD=0, ttbar=1, W+jets=2)")
     tree: str = Field("Delphes", description="TTree or RNTuple name when reading ROOT files")
     output: str = Field("runs/hep/features", description="output dir: hlf/, llf/, scaling.json, report.json")
-    step_size: Union[int, str] = Field("50 MB", description="ROOT chunk size (entries or '50 MB'); one task each")
+    step_size: StepSize = Field("50 MB", description="ROOT chunk size (entries or '50 MB'); one task each")
     test_fraction: float = Field(0.2, ge=0, lt=1, description="fraction of each class in the test split")
     val_fraction: float = Field(0.1, ge=0, lt=1, description="fraction of each class in the val split")
     seed: int = Field(42, description="seed of the split and of the class balancing")
@@ -56,12 +56,6 @@ class FeaturesConfig(StageConfig):
         "lz4", description="compression of the work files between the two Spark passes (Arrow IPC under the "
                            "output job's prefix, removed at the commit): lz4 stages fewer bytes, none spends "
                            "less CPU per event (docs/benchmarks.md#hep-features)")
-
-    @field_validator("step_size")
-    @classmethod
-    def _step(cls, v):
-        parse_step_size(v)
-        return v
 
     @model_validator(mode="after")
     def _fractions(self):

@@ -11,8 +11,8 @@
 * :mod:`.tasks`     the Spark task bodies: both passes write their parts through :mod:`pipeline.commit`
 * :mod:`.stage`     the driver: :func:`ingest_root`, :func:`plan_ingest_root`, the report and the commit
 """
-from .config import (FILE_TIMEOUT_S, PARQUET_WRITE_OPTIONS, SAMPLES_PREFIX, IngestRootConfig, default_schema_name,
-                     parse_step_size)
+from .config import (FILE_TIMEOUT_S, PARQUET_WRITE_OPTIONS, SAMPLES_PREFIX, IngestRootConfig, StepSize,
+                     default_schema_name, parse_step_size)
 from .deadline import ReadTimeout, read_deadline
 from .files import resolve_files, sample_path
 from .planning import CHUNK_COLUMNS, BadFile, Chunk, FileInfo, Plan, chunks_dataframe, plan_chunks, plan_file
@@ -24,9 +24,9 @@ from .trees import (branches_by_name, cached_tree, error_text, first_line, is_rn
 from .twopass import FilePlanning, FileScan, read_range, scan_file, second_pass_chunks
 
 __all__ = ["BadFile", "CHUNK_COLUMNS", "Chunk", "FILE_TIMEOUT_S", "FileInfo", "FilePlanning", "FileScan",
-           "IngestRootConfig", "PARQUET_WRITE_OPTIONS", "Plan", "ReadTimeout", "SAMPLES_PREFIX", "arrow_schema",
-           "as_schema", "branches_by_name", "cached_tree", "chunks_dataframe", "conform", "convert_range",
-           "default_schema_name", "error_text", "first_line", "ingest_root", "is_rntuple", "match_branches",
-           "open_tree", "parse_step_size", "part_name", "plan_chunks", "plan_file", "plan_ingest_root",
-           "read_arrays", "read_chunk", "read_deadline", "read_range", "resolve_files", "sample_path",
-           "scan_file", "schema_bytes", "second_pass_chunks", "supported_branches", "to_arrow"]
+           "IngestRootConfig", "PARQUET_WRITE_OPTIONS", "Plan", "ReadTimeout", "SAMPLES_PREFIX", "StepSize",
+           "arrow_schema", "as_schema", "branches_by_name", "cached_tree", "chunks_dataframe", "conform",
+           "convert_range", "default_schema_name", "error_text", "first_line", "ingest_root", "is_rntuple",
+           "match_branches", "open_tree", "parse_step_size", "part_name", "plan_chunks", "plan_file",
+           "plan_ingest_root", "read_arrays", "read_chunk", "read_deadline", "read_range", "resolve_files",
+           "sample_path", "scan_file", "schema_bytes", "second_pass_chunks", "supported_branches", "to_arrow"]

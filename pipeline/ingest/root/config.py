@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import re
-from typing import Optional, Union
+from typing import Annotated, Optional, Union
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from ...config import StageConfig
 
@@ -17,43 +17,6 @@ FILE_TIMEOUT_S = 600.0
 PARQUET_WRITE_OPTIONS = {"compression": "snappy", "use_dictionary": False, "write_statistics": True}
 
 _UNITS = {"b": 1, "kb": 1024, "mb": 1024 ** 2, "gb": 1024 ** 3}
-
-
-class IngestRootConfig(StageConfig):
-    """Settings of ``jobs/ingest_root.py`` (uproot-like names)."""
-
-    input: Union[str, list[str]] = Field(..., description="ROOT files: paths, globs, root:// URLs or "
-                                         "samples:NAME (coffea sample files); a list or one string")
-    tree: str = Field("Events", description="TTree or RNTuple name (path inside the file, e.g. 'Delphes')")
-    filter_name: list[str] = Field(default_factory=lambda: ["*"],
-                                   description="branches: exact names, globs or /regex/ (uproot filter_name)")
-    output: str = Field("runs/root/events", description="output Parquet directory: a local path, a shared "
-                        "mount or s3://bucket/prefix (replaced atomically)")
-    step_size: Union[int, str] = Field("100 MB", description="chunk size: entries (int) or uncompressed "
-                                       "size such as '100 MB'; one Spark task per chunk")
-    entry_start: Optional[int] = Field(None, ge=0, description="first entry of every file (default 0)")
-    entry_stop: Optional[int] = Field(None, ge=0, description="stop entry of every file (default: all)")
-    allow_bad_files: bool = Field(False, description="exit 0 even if some files could not be ingested")
-    schema_name: Optional[str] = Field(None, description="name under schemas/ (default root/<tree>)")
-    schema_dir: Optional[str] = Field(None, description="registry folder for derived schema versions (default: none; the schema is stored next to the output as _schema.json; the repository's schemas/ is only read)")
-    row_group_rows: Optional[int] = Field(None, gt=0, description="Parquet row group rows (default: one per chunk)")
-    file_timeout_s: float = Field(FILE_TIMEOUT_S, gt=0, description="seconds allowed to open one file (and "
-                                  "convert it when it is one chunk) and to read one chunk; a file that takes "
-                                  "longer is reported as a bad file ('read timed out after N s')")
-
-    @field_validator("input")
-    @classmethod
-    def _nonempty(cls, v):
-        items = [v] if isinstance(v, str) else list(v)
-        if not items or any(not str(x).strip() for x in items):
-            raise ValueError("needs at least one non-empty path or glob")
-        return v
-
-    @field_validator("step_size")
-    @classmethod
-    def _step(cls, v):
-        parse_step_size(v)
-        return v
 
 
 def parse_step_size(v: Union[int, str]) -> tuple[str, int]:
@@ -73,6 +36,46 @@ def parse_step_size(v: Union[int, str]) -> tuple[str, int]:
     if n <= 0:
         raise ValueError(f"step_size {v!r} must be > 0")
     return "bytes", n
+
+
+def _valid_step_size(v: Union[int, str]) -> Union[int, str]:
+    parse_step_size(v)
+    return v
+
+
+#: a config field holding a chunk size: entries (int) or an uncompressed size such as '100 MB'
+StepSize = Annotated[Union[int, str], AfterValidator(_valid_step_size)]
+
+
+class IngestRootConfig(StageConfig):
+    """Settings of ``jobs/ingest_root.py`` (uproot-like names)."""
+
+    input: Union[str, list[str]] = Field(..., description="ROOT files: paths, globs, root:// URLs or "
+                                         "samples:NAME (coffea sample files); a list or one string")
+    tree: str = Field("Events", description="TTree or RNTuple name (path inside the file, e.g. 'Delphes')")
+    filter_name: list[str] = Field(default_factory=lambda: ["*"],
+                                   description="branches: exact names, globs or /regex/ (uproot filter_name)")
+    output: str = Field("runs/root/events", description="output Parquet directory: a local path, a shared "
+                        "mount or s3://bucket/prefix (replaced atomically)")
+    step_size: StepSize = Field("100 MB", description="chunk size: entries (int) or uncompressed "
+                                       "size such as '100 MB'; one Spark task per chunk")
+    entry_start: Optional[int] = Field(None, ge=0, description="first entry of every file (default 0)")
+    entry_stop: Optional[int] = Field(None, ge=0, description="stop entry of every file (default: all)")
+    allow_bad_files: bool = Field(False, description="exit 0 even if some files could not be ingested")
+    schema_name: Optional[str] = Field(None, description="name under schemas/ (default root/<tree>)")
+    schema_dir: Optional[str] = Field(None, description="registry folder for derived schema versions (default: none; the schema is stored next to the output as _schema.json; the repository's schemas/ is only read)")
+    row_group_rows: Optional[int] = Field(None, gt=0, description="Parquet row group rows (default: one per chunk)")
+    file_timeout_s: float = Field(FILE_TIMEOUT_S, gt=0, description="seconds allowed to open one file (and "
+                                  "convert it when it is one chunk) and to read one chunk; a file that takes "
+                                  "longer is reported as a bad file ('read timed out after N s')")
+
+    @field_validator("input")
+    @classmethod
+    def _nonempty(cls, v):
+        items = [v] if isinstance(v, str) else list(v)
+        if not items or any(not str(x).strip() for x in items):
+            raise ValueError("needs at least one non-empty path or glob")
+        return v
 
 
 def default_schema_name(tree: str) -> str:
