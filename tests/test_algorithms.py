@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.train.algorithms import validate_params
 from pipeline.train.config import TrainConfig
-from pipeline.train.schedule import lr_at
+from pipeline.train.schedule import lr_at, lr_factor
 
 pytest_plugins = ["train_fixtures"]
 
@@ -99,7 +99,7 @@ def test_algorithm_registry_validates_params():
 
 
 def test_linear_scaling_and_gradual_warmup():
-    assert lr_at(0, 0.1, 4, "linear", 0) == pytest.approx(0.4)
-    assert lr_at(0, 0.1, 4, "none", 10) == pytest.approx(0.1)
-    ramp = [lr_at(s, 0.1, 4, "linear", 4) for s in range(6)]
+    assert lr_at(0, 0.1, lr_factor("linear", 4), 0) == pytest.approx(0.4)
+    assert lr_at(0, 0.1, lr_factor("none", 4), 10) == pytest.approx(0.1)
+    ramp = [lr_at(s, 0.1, lr_factor("linear", 4), 4) for s in range(6)]
     assert ramp == pytest.approx([0.175, 0.25, 0.325, 0.4, 0.4, 0.4])
