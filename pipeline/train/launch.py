@@ -2,7 +2,7 @@
 
 ``train`` checks the inputs on the driver (manifest, shards, columns, batch size), computes
 the run plan every worker follows (see ``make_plan``), then starts the SAME worker function
-(``pipeline.train.schedules.worker_entry``) with the configured launcher:
+(``pipeline.train.entry.worker_entry``) with the configured launcher:
 
 * ``horovod`` (default): ``horovod.spark.run(fn, num_proc=M, use_gloo=True)``: one Horovod
   process per Spark task; communicator ``horovod``.
@@ -167,7 +167,7 @@ def plan_train(cfg: TrainConfig) -> dict:
 def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    from .schedules import worker_entry
+    from .entry import worker_entry
 
     try:
         queue.put((rank, worker_entry(*args), None))
@@ -188,7 +188,7 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
     import multiprocessing as mp
     import queue as queue_mod
 
-    from .schedules import worker_entry
+    from .entry import worker_entry
     from .restart import WorkerLost
 
     if world == 1:
@@ -293,8 +293,8 @@ def _task_resources() -> Mapping[str, Any]:
 
 
 def _with_assigned_gpu(*args):
-    """A Horovod-on-Spark worker: :func:`~pipeline.train.schedules.worker_entry` on the GPU Spark assigned."""
-    from .schedules import worker_entry
+    """A Horovod-on-Spark worker: :func:`~pipeline.train.entry.worker_entry` on the GPU Spark assigned."""
+    from .entry import worker_entry
 
     return worker_entry(*args, assigned_gpu=task_gpu())
 
@@ -327,7 +327,7 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from ..spark import get_spark
-    from .schedules import worker_entry
+    from .entry import worker_entry
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if not cfg.torch_local_mode:

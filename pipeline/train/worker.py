@@ -2,7 +2,7 @@
 
 A :class:`Worker` is the state of one worker process (a Horovod-on-Spark task, a
 TorchDistributor/torchrun process or a local process) and the verbs a schedule drives it with
-(``pipeline.train.schedules``: step-driven ``run_steps``, round-driven ``run_rounds``)::
+(``pipeline.train.drivers``: step-driven ``run_steps``, round-driven ``run_rounds``)::
 
     w = Worker(cfg, comm, plan, out_dir, ckpt_dir, device)   # build (rank 0's weights broadcast)
     w.start()                                                # algo.on_start, resume, metrics writer
@@ -203,7 +203,7 @@ class Worker:
     def train_step(self, inputs, y, lr_step: int) -> float:
         """One step: the learning rate of schedule step ``lr_step``, forward/backward (inside the
         straggler simulator), ``algo.step()``; then the debug hooks. Returns the loss."""
-        from .schedule import lr_at, set_lr
+        from .lr_schedule import lr_at, set_lr
 
         cfg = self.cfg
         t0 = time.perf_counter()

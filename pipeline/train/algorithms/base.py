@@ -33,7 +33,7 @@ Life cycle hooks, called by the worker (``pipeline.train.worker.Worker``):
 :class:`RoundAlgorithm` is the typed round protocol of algorithms that communicate in rounds
 (SwarmSGD, time-budgeted local SGD, SlowMo around them). When ``variable_steps`` is True,
 workers take different numbers of local steps per round and the training run must be driven
-by rounds (``pipeline.train.schedules.run_rounds``), not by a shared step count.
+by rounds (``pipeline.train.drivers.run_rounds``), not by a shared step count.
 """
 from __future__ import annotations
 

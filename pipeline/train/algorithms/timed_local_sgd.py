@@ -4,7 +4,7 @@ In every round each worker takes as many local steps as fit in ``round_seconds``
 clock, then communicates. A slow worker simply takes fewer steps, so nobody waits for it
 longer than one of its steps (SwarmSGD's time and geometric schedules have the same
 property). It follows the round protocol of :class:`~.base.RoundAlgorithm`, and the run is
-driven by rounds (``pipeline.train.schedules.run_rounds``).
+driven by rounds (``pipeline.train.drivers.run_rounds``).
 
 :class:`TimedLocalSGD` (``timed_local_sgd``): local SGD with a time budget per round, then one
 all-reduce average. ``weighting="equal"`` is the plain average; ``"steps"`` weights each worker
