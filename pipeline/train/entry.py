@@ -31,12 +31,14 @@ def worker_entry(cfg_json: str, backend: str, plan: dict, out_dir: str, ckpt_dir
     cfg = TrainConfig.model_validate_json(cfg_json)
     torch.set_num_threads(cfg.threads_per_worker)
     kind = device_kind(cfg.device, torch.cuda.is_available())
-    comm = make_communicator(backend, bucket_bytes=int(cfg.bucket_mb * (1 << 20)), device_kind=kind)
+    comm = make_communicator(backend, bucket_bytes=int(cfg.bucket_mb * (1 << 20)), device_kind=kind,
+                             bind_address=cfg.bind_address)
     # "local" runs a single worker inside the caller's process: never end that process
     dog = Watchdog(cfg.stall_timeout if backend != "local" else 0, comm.rank)
     w: Optional[Worker] = None
     try:
         device = current_device(cfg.device, comm.local_rank, assigned_gpu)
+        comm.bind_device(device)
         w = Worker(cfg, comm, plan, out_dir, ckpt_dir, device, watchdog=dog)
         result = driver_for(w.algo)(w)
     except BaseException:

@@ -164,9 +164,9 @@ def plan_train(cfg: TrainConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------- launchers
-def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
+def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                       "MASTER_ADDR": host, "MASTER_PORT": str(port)})
     from .entry import worker_entry
 
     try:
@@ -179,7 +179,8 @@ def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
         queue.put((rank, None, e))
 
 
-def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5) -> list[dict]:
+def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5,
+               host: Optional[str] = None) -> list[dict]:
     """M local processes joined by torch.distributed (gloo). A process that dies without a
     result (killed, out of memory) is noticed within ``poll_s``; once one rank failed, the others
     get ``grace_s`` to finish or fail before they are terminated. Raises the first rank's bad-input
@@ -196,9 +197,11 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
         return [worker_entry(cfg_json, "local", plan, out, ck)]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    host = host or "127.0.0.1"   # every worker on this machine: the rendezvous listens on loopback by default
+    port = free_port(host)
     argv = (args[0], "torch") + tuple(args[2:])
-    procs = [ctx.Process(target=_local_child, args=(r, world, port, argv, queue), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue), daemon=True)
+             for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -278,10 +281,11 @@ def task_gpu(resources: Optional[Mapping[str, Any]] = None) -> Optional[int]:
 
 def _task_resources() -> Mapping[str, Any]:
     try:
-        from horovod.spark.task import task_info
+        from horovod.spark.task.task_info import get_available_devices
 
-        if task_info._info.resources:
-            return task_info._info.resources
+        gpus = get_available_devices()   # the GPU addresses Horovod took from the task's TaskContext
+        if gpus:
+            return {"gpu": list(gpus)}
     except ImportError:
         pass
     try:
@@ -306,8 +310,13 @@ def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     _check_slots(spark, world)
+    nics = None
+    if cfg.bind_address:   # Horovod's gloo traffic on the interface of the configured address
+        from .comm.rendezvous import bind_address, interface_of
+
+        nics = {interface_of(bind_address(cfg.bind_address, cfg.bind_address))}
     return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
-                             start_timeout=cfg.start_timeout, verbose=0)
+                             start_timeout=cfg.start_timeout, verbose=0, nics=nics)
 
 
 def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) -> bool:
@@ -354,7 +363,7 @@ def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark
         return _run_horovod(args, plan["workers"], cfg, spark)
     if cfg.launcher == "torch":
         return _run_torch(args, plan["workers"], cfg, spark)
-    return _run_local(args, plan["workers"])
+    return _run_local(args, plan["workers"], host=cfg.bind_address)
 
 
 def train(cfg: TrainConfig, spark=None) -> dict:

@@ -255,13 +255,17 @@ class Worker:
             spread = 0.0 if self.algo.in_sync() else consensus_distance(params, self.comm)
             if weights is None:
                 with self.evaluation_weights():
-                    mine = self._score(path)
+                    probs, labels, loss_sum = self._score(path)
             else:
                 with swapped(self.averager.tensors(), weights):
-                    mine = self._score(path)
-            parts = self.comm.allgather_object(mine)
-        return {**summarize(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                            sum(p[2] for p in parts)), "consensus_distance": spread}
+                    probs, labels, loss_sum = self._score(path)
+            dev = self.comm.staging_device()   # every rank's slice, gathered as tensors on the comm's device
+            probs = self.comm.allgather_(torch.from_numpy(probs).to(dev))
+            labels = self.comm.allgather_(torch.from_numpy(labels).to(dev))
+            losses = self.comm.allgather_(torch.tensor([loss_sum], dtype=torch.float64, device=dev))
+        return {**summarize(np.concatenate([p.cpu().numpy() for p in probs]),
+                            np.concatenate([y.cpu().numpy() for y in labels]),
+                            float(sum(float(v) for v in losses))), "consensus_distance": spread}
 
     def _score(self, path: str) -> tuple:
         from ..data.reader import read_all
