@@ -3,8 +3,8 @@
 The asynchronous algorithms (AD-PSGD, EA-wild, asynchronous parameter server) talk from
 background threads while the training thread keeps using the world communicator for
 evaluation and bookkeeping. torch.distributed process groups must not be driven from two
-threads at once, and gloo's receive-from-any-source was seen to miss a header from one peer
-while another was being served (a hang under load), so :class:`P2PChannel` creates **one gloo
+threads at once, and gloo's receive-from-any-source can miss a header from one peer while
+another is being served (a hang under load; docs/async.md), so :class:`P2PChannel` creates **one gloo
 group per communicating pair** (``dist.new_group([a, b])``; a collective: every rank creates
 the channel with the same pair list at the same point). Each pair's group is used by exactly
 one thread in each of its two processes: the serving side (a passive AD-PSGD worker, the
