@@ -150,7 +150,7 @@ def _eawild(rank, world, locked, seconds, alpha, slow):
     x.copy_(c0) if rank == 0 else None
     holder = CentreHolder(ch, c0, elastic_rule, DIM + 1, locked) if rank == 0 else None
     link = CentreLink(ch, holder, DIM, torch.float64, AsyncStats(),
-                      lambda done, peers, what: wait_until(done, liveness, peers, what))
+                      lambda done, peers, what, idle=True: wait_until(done, liveness, peers, what))
     link.begin_round()
     pulled = c0.clone()
     x0 = x.clone()

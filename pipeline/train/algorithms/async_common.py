@@ -202,18 +202,15 @@ class AsyncAlgorithm(RoundAlgorithm):
         return self.comm.world_size == 1
 
     # -- waiting for peers
-    def wait(self, done: Callable[[float], bool], peers, what: str) -> None:
-        """Wait for ``done`` while ``peers`` are alive (see module docstring); the time counts as idle."""
+    def wait(self, done: Callable[[float], bool], peers, what: str, idle: bool = True) -> None:
+        """Wait for ``done`` while ``peers`` are alive (see module docstring); the time counts as idle
+        (``idle=False``: a wait the caller accounts for, the round end's)."""
         t0 = time.perf_counter()
         try:
             wait_until(done, self.liveness, peers, what, self.keepalive)
         finally:
-            self.stats.add_idle(time.perf_counter() - t0)
-
-    def result(self, fut: concurrent.futures.Future, peers, what: str):
-        """The result of ``fut`` (a request on a sending thread), waited for as :meth:`wait` does."""
-        self.wait(future_done(fut), peers, what)
-        return fut.result()
+            if idle:
+                self.stats.add_idle(time.perf_counter() - t0)
 
     # -- measurements (collective over the world, at round boundaries)
     def eval_metrics(self) -> dict:

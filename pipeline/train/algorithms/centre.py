@@ -31,7 +31,7 @@ from .async_common import AsyncAlgorithm, check_group_size, exchanged_tensors, f
 from .async_stats import AsyncStats
 
 Rule = Callable[[torch.Tensor, torch.Tensor], None]  # rule(c, payload): update c in place
-Wait = Callable[[Callable[[float], bool], Any, str], None]  # wait(done, peers, what)
+Wait = Callable[..., None]  # wait(done, peers, what, idle=True): see AsyncAlgorithm.wait
 
 
 class FairLock:
@@ -259,7 +259,7 @@ class CentreLink:
     def _send(self, kind: int, what: str, timeout_s: Optional[float] = None) -> None:
         fut = self._submit(self.ch.send_header, 0, kind, self.round)
         if timeout_s is None:
-            self.wait(future_done(fut), [0], what)
+            self.wait(future_done(fut), [0], what, False)   # the round end counts its own idle time
         else:
             fut.result(timeout_s)
 

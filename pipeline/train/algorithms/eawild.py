@@ -54,7 +54,7 @@ from pydantic import Field, model_validator
 
 from ..comm.fusion import flatten, unflatten_
 from . import BuildContext, Spec
-from .async_common import AsyncParams
+from .async_common import AsyncParams, future_done
 from .centre import CentreAlgorithm
 
 
@@ -197,8 +197,10 @@ class EAWild(CentreAlgorithm):
             self._push(v[:n].clone(), a)
 
     def end_comm_round(self) -> None:
-        if self._inflight is not None:   # before END goes out on the same channel
-            self.pulled = self.link.settle(self._settle_inflight())
+        if self._inflight is not None:   # before END goes out on the same channel (the round end's idle time)
+            fut = self._settle_inflight()
+            self.wait(future_done(fut), [0], "waiting for the centre holder's reply", False)
+            self.pulled = fut.result()
         super().end_comm_round()
 
     def leave(self, timeout_s: Optional[float]) -> None:
