@@ -104,3 +104,31 @@ def test_a_resumed_parameter_server_continues_with_the_saved_moments():
     assert not np.allclose(saved[0], fresh, rtol=0, atol=1e-9)
     assert any(np.allclose(after, s, rtol=0, atol=1e-12) for s in saved), \
         [float(np.abs(after - s).max()) for s in saved]
+
+
+@pytest.mark.parametrize("name", ["arsgd", "local_sgd", "post_local_sgd", "hierarchical", "slowmo", "swarm", "dpsgd",
+                                  "easgd", "timed_local_sgd"])
+def test_a_synchronous_algorithms_state_loads_with_weights_only(name):
+    """Every algorithm's checkpoint state is tensors and plain data (here the synchronous ones, after a
+    few steps in a world of identical replicas; the asynchronous ones above)."""
+    from pipeline.train.algorithms import BuildContext, build_algorithm
+    from pipeline.train.algorithms.averaging import ModelAverager
+    from pipeline.train.comm.local import LocalCommunicator
+    from test_comm_devices import SYNC_CASES
+
+    comm = LocalCommunicator(replicas=4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    algo = build_algorithm(name, SYNC_CASES[name], BuildContext(model, opt, comm,
+                                                              ModelAverager(model, opt, comm, "average", "average"),
+                                                              groups=[{} for _ in range(4)], seed=3))
+    algo.on_start()
+    for _ in range(4):
+        algo.zero_grad()
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        algo.step()
+    blob = io.BytesIO()
+    torch.save(algo.state_dict(), blob)
+    state = torch.load(io.BytesIO(blob.getvalue()), weights_only=True)
+    assert state["step_count"] == 4
+    algo.load_state_dict(state)
