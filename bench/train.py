@@ -78,7 +78,8 @@ def async_traffic(manifest: str, root: Path, common: dict, launcher: str, spark)
 
 def grouped_eawild_traffic(manifest: str, root: Path, common: dict, launcher: str, spark) -> list[tuple]:
     """EA-wild with one group of both workers: no p2p message (rank 0 updates the centre in
-    memory); each step every member hands 4(P+1) bytes (model + round flag) to one group allreduce."""
+    memory); each step every member hands 4(2P+1) bytes (its model before the step, its stepped and
+    elastically moved model, the round flag) to one group allreduce."""
     from pipeline.train.config import TrainConfig
     from pipeline.train.launch import train
 
@@ -89,7 +90,7 @@ def grouped_eawild_traffic(manifest: str, root: Path, common: dict, launcher: st
     for i, (r, c) in enumerate(zip(s["ranks"], s["comm"])):
         sec = max(r["train_seconds"], 1e-9)
         rows.append((f"eawild group_size=2 rank {i}", (r.get("p2p_bytes_sent", 0) + c["bytes_sent"]) / sec,
-                     r["steps"] * 4 * (MODEL_PARAMS + 1) / sec))
+                     r["steps"] * 4 * (2 * MODEL_PARAMS + 1) / sec))
     return rows
 
 

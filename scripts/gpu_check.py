@@ -5,7 +5,10 @@
    subprocess.
 2. A short training on CUDA of the HLF classifier (batch 128) and of LeNet-5 (batch 32) with
    both Spark launchers (``horovod``, ``torch``), 2 workers, on shards written by the shard stage:
-   the real digits for LeNet-5 and generated 14-float rows for the HLF model.
+   the real digits for LeNet-5 and generated 14-float rows for the HLF model; AR-SGD, and with
+   the torch launcher (a NCCL world) also local SGD (parameter averaging, consensus distance
+   between averagings) and EA-wild (the centre, its metrics and group traffic on the host view,
+   the pair channels on gloo).
 
 It prints one line: the device, samples/s of each training, and the equivalence verdict; exit 0
 only when every part passed. Without a CUDA device it prints one line saying so and exits 1
@@ -64,14 +67,27 @@ def hlf_dataset(root: Path, rows: int = 20_000) -> Path:
     return d
 
 
-def train_once(spark, manifest: Path, out: Path, model: str, batch: int, launcher: str, steps: int) -> float:
+# (model, batch, shards, launcher, algorithm): every launcher with AR-SGD, and on the torch launcher
+# (a NCCL world) an algorithm that leaves the workers apart and an asynchronous one
+RUNS = [("hlf", 128, "hlf-shards", "horovod", {"name": "arsgd"}),
+        ("hlf", 128, "hlf-shards", "torch", {"name": "arsgd"}),
+        ("lenet5", 32, "digit-shards", "horovod", {"name": "arsgd"}),
+        ("lenet5", 32, "digit-shards", "torch", {"name": "arsgd"}),
+        ("lenet5", 32, "digit-shards", "torch", {"name": "local_sgd", "params": {"period": 4}}),
+        ("lenet5", 32, "digit-shards", "torch", {"name": "eawild", "params": {"round_steps": 8}}),
+        ("lenet5", 32, "digit-shards", "torch", {"name": "eawild", "params": {"round_steps": 8, "group_size": 2}})]
+
+
+def train_once(spark, manifest: Path, out: Path, model: str, batch: int, launcher: str, steps: int,
+               algorithm: dict) -> float:
     from pipeline.train.config import TrainConfig
     from pipeline.train.launch import train
 
     s = train(TrainConfig(manifest=str(manifest), output=str(out), model=model, launcher=launcher, workers=2,
-                          batch_size=batch, epochs=50, max_steps=steps, device="cuda", progress=False), spark)
+                          batch_size=batch, epochs=50, max_steps=steps, device="cuda", progress=False,
+                          algorithm=algorithm), spark)
     if "cuda" not in str(s.get("device", "")):
-        raise RuntimeError(f"{model}/{launcher} trained on {s.get('device')!r}, not CUDA")
+        raise RuntimeError(f"{model}/{launcher}/{algorithm['name']} trained on {s.get('device')!r}, not CUDA")
     return 2 * batch * s["steps"] / max(1e-9, s["train_seconds"])
 
 
@@ -87,11 +103,11 @@ def trainings(root: Path, steps: int) -> dict[str, float]:
     shard(ShardConfig(input=str(digits), output=str(root / "digit-shards"), workers=2), spark)
     shard(ShardConfig(input=str(hlf_dataset(root)), output=str(root / "hlf-shards"), workers=2), spark)
     rates = {}
-    for model, batch, shards in (("hlf", 128, "hlf-shards"), ("lenet5", 32, "digit-shards")):
-        for launcher in ("horovod", "torch"):
-            rates[f"{model}/{launcher}"] = train_once(spark, root / shards / "manifest.json",
-                                                      root / f"train-{model}-{launcher}", model, batch, launcher,
-                                                      steps)
+    for model, batch, shards, launcher, algorithm in RUNS:
+        g = algorithm.get("params", {}).get("group_size")
+        name = f"{model}/{launcher}/{algorithm['name']}" + (f"-groups{g}" if g else "")
+        rates[name] = train_once(spark, root / shards / "manifest.json", root / f"train-{name.replace('/', '-')}",
+                                 model, batch, launcher, steps, algorithm)
     return rates
 
 

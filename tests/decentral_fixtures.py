@@ -280,7 +280,7 @@ def time_budget_checks(comm, rounds: int = 6, round_seconds: float = 0.35, slow_
     import torch
 
     from pipeline.train.algorithms.decentral import ParamsOnly
-    from pipeline.train.algorithms.rounds import TimedLocalSGD
+    from pipeline.train.algorithms.timed_local_sgd import TimedLocalSGD
     from pipeline.train.algorithms.slowmo import slowmo_for
     from pipeline.train.algorithms.swarm import SwarmSGD
     from pipeline.train.stragglers import StragglerConfig, StragglerSimulator

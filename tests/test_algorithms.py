@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.train.algorithms import validate_params
 from pipeline.train.config import TrainConfig
-from pipeline.train.schedule import lr_at, lr_factor
+from pipeline.train.lr_schedule import lr_at, lr_factor
 
 pytest_plugins = ["train_fixtures"]
 

@@ -1,7 +1,8 @@
 """The asynchronous algorithms through the real training stage: 4 worker processes (local
 launcher, torch.distributed/gloo), Petastorm readers over Parquet shards of the real digits.
-Each reaches AR-SGD's test accuracy (within 3 pp) after the same number of samples, alone and
-under SlowMo, and logs the asynchronous measurements."""
+Each reaches AR-SGD's test accuracy after the same number of samples, within a margin set from
+the measured seed-to-seed spread (``bench/async_margin.py``), alone and under SlowMo, and logs
+the asynchronous measurements."""
 from __future__ import annotations
 
 import json
@@ -16,34 +17,31 @@ from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
 from train_fixtures import write_digit_shards
 
-STEPS = 96  # per worker: 12 rounds of 8 local steps (step-mode rounds: the same samples as AR-SGD)
+STEPS = 192  # per worker: 24 rounds of 8 local steps (step-mode rounds: the same samples as AR-SGD)
 ROUND = {"round_steps": 8}
+SEED = 0
+# test accuracy (1,800 test digits) may trail AR-SGD's at the same seed by at most MARGIN, EA-wild's
+# centre by CENTRE_MARGIN: the lowest case mean of (case - AR-SGD) minus 3 pooled standard deviations
+# of it over seeds, from bench/async_margin.py (docs/async.md, "Tests", has the measurement)
+MARGIN = 0.020
+CENTRE_MARGIN = 0.027
 
 
-@pytest.fixture(scope="module")
-def digits4(tmp_path_factory):
-    return write_digit_shards(tmp_path_factory.mktemp("digits4"), workers=4, n_train=4000, n_test=500, n_val=300,
-                              row_group_rows=128)
+def write_task(root: Path) -> Path:
+    """The test's shards: 3,000 training digits over 4 workers, 200 validation, 1,800 test."""
+    return write_digit_shards(root, workers=4, n_train=3000, n_test=1800, n_val=200, row_group_rows=128)
 
 
-def _run(manifest, out, algorithm: dict, **kw) -> dict:
-    base = dict(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=4, batch_size=32,
+def _run(manifest, out, algorithm: dict, seed: int = SEED, **kw) -> dict:
+    base = dict(manifest=str(manifest), output=str(out), launcher="local", model="lenet5", epochs=16, batch_size=32,
                 optimizer="adam", lr=0.001, warmup_epochs=0.5, progress=False, algorithm=algorithm,
-                max_steps=STEPS, max_restarts=0)
+                max_steps=STEPS, max_restarts=0, seed=seed)
     base.update(kw)
     return train(TrainConfig(**base))
 
 
-@pytest.fixture(scope="module")
-def arsgd(digits4, tmp_path_factory):
-    return _run(digits4, tmp_path_factory.mktemp("ar") / "out", {"name": "arsgd"})
-
-
-def _records(summary) -> list[dict]:
-    return [json.loads(line) for line in open(summary["metrics"])]
-
-
 CASES = {
+    "arsgd": {"name": "arsgd"},
     "adpsgd": {"name": "adpsgd", "params": ROUND},
     "eawild": {"name": "eawild", "params": ROUND},
     "easgd_locked": {"name": "eawild", "params": {**ROUND, "lock": True}},
@@ -58,22 +56,33 @@ CASES = {
 }
 
 
+def run_case(manifest, out, case: str, seed: int = SEED) -> dict:
+    return _run(manifest, out, CASES[case], seed=seed)
+
+
+@pytest.fixture(scope="module")
+def digits4(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("digits4"))
+
+
+@pytest.fixture(scope="module")
+def arsgd(digits4, tmp_path_factory):
+    return run_case(digits4, tmp_path_factory.mktemp("ar") / "out", "arsgd")
+
+
+def _records(summary) -> list[dict]:
+    return [json.loads(line) for line in open(summary["metrics"])]
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"arsgd"}))
 def test_async_algorithm_reaches_arsgd_accuracy_after_the_same_samples(case, digits4, arsgd, tmp_path):
-    """Within 3 pp of AR-SGD's test accuracy after the same samples. The asynchronous updates
-    depend on the processes' timing, and the test split has 500 images (about 1.3 pp of sampling
-    noise): one fresh-clone run of the suite on 2 loaded cores ended slowmo_async_ps 3.2 pp below.
-    A run that misses the margin is run once more, and the better of the two must meet it; a
-    wrong algorithm misses it in both."""
-    s = _run(digits4, tmp_path / "out", CASES[case])
+    """Within MARGIN of AR-SGD's test accuracy at the same seed after the same samples (EA-wild's
+    centre within CENTRE_MARGIN), with the measurements in every record and one final model."""
+    s = run_case(digits4, tmp_path / "out", case)
     assert s["samples_processed"] == arsgd["samples_processed"] == 4 * STEPS * 32
-    assert arsgd["test_accuracy"] > 0.85, arsgd["test_accuracy"]
-    if s["test_accuracy"] < arsgd["test_accuracy"] - 0.03:
-        first = s["test_accuracy"]
-        s = _run(digits4, tmp_path / "again", CASES[case])
-        assert s["test_accuracy"] >= arsgd["test_accuracy"] - 0.03, (first, s["test_accuracy"], arsgd["test_accuracy"])
+    assert s["test_accuracy"] >= arsgd["test_accuracy"] - MARGIN, (s["test_accuracy"], arsgd["test_accuracy"])
     assert len(set(s["final_digests"])) == 1  # one final model, averaged once
     recs = _records(s)
     val = [r for r in recs if r["split"] == "val"]
@@ -82,7 +91,8 @@ def test_async_algorithm_reaches_arsgd_accuracy_after_the_same_samples(case, dig
     if CASES[case]["name"] in ("adpsgd", "eawild"):  # workers apart between averagings (PS: synced each round)
         assert any(r["consensus_distance"] > 0 for r in val)
     if "eawild" in case or case == "easgd_locked":
-        assert s.get("centre_test_accuracy", 0) > 0.8, s.get("centre_test_accuracy")
+        assert s["centre_test_accuracy"] >= arsgd["test_accuracy"] - CENTRE_MARGIN, \
+            (s["centre_test_accuracy"], arsgd["test_accuracy"])
     if case == "eawild_groups":  # only the group leaders 0 and 2 push: the members' averaging rate is 0
         rates = [r["averaging_rate"] for r in val]
         assert all(a[1] == a[3] == 0 and a[0] > 0 and a[2] > 0 for a in rates), rates

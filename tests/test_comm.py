@@ -87,3 +87,20 @@ def test_host_staging_uses_one_reused_host_buffer_per_bucket():
     assert st.allocations == 6  # the next collective reuses the same buffers
     cuda_only = HostStaging(pin=False)  # the production setting: CPU tensors are not staged
     assert not any(b.staged for b in make_buckets(ts, 1000, cuda_only)) and cuda_only.allocations == 0
+
+
+def test_a_horovod_tasks_gpu_is_read_through_horovods_public_api():
+    """The GPU Spark assigned to a Horovod-on-Spark task, as Horovod's task service records it
+    (horovod.spark.task.task_info.set_resources / get_available_devices, no private attribute)."""
+    from horovod.spark.task import task_info
+    from pyspark.resource import ResourceInformation
+
+    from pipeline.train.launch import task_gpu
+
+    try:
+        task_info.set_resources({"gpu": ResourceInformation("gpu", ["3"])})
+        assert task_gpu() == 3
+        task_info.set_resources({})
+        assert task_gpu() is None   # no Horovod resources and no Spark task here
+    finally:
+        task_info.set_resources({})

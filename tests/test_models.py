@@ -79,3 +79,17 @@ def test_build_model_by_name_gives_that_model_with_the_asked_classes(name, shape
 def test_build_model_uses_the_shape():
     assert n_params(build_model("lenet5", 10, {"channels": 3, "height": 32, "width": 32})) == \
         n_params(LeNet5(3, 32, 32, 10)) != n_params(LeNet5(1, 28, 28, 10))
+
+
+def test_bn_buffers_are_the_running_statistics_of_every_tracking_normalisation_layer():
+    """Found by torch's public attributes (track_running_stats, running_mean/var), no private class."""
+    from pipeline.train.algorithms.averaging import bn_buffers
+
+    tracked = [torch.nn.BatchNorm1d(3), torch.nn.BatchNorm2d(4), torch.nn.SyncBatchNorm(5),
+               torch.nn.InstanceNorm2d(6, track_running_stats=True), torch.nn.LazyBatchNorm1d()]
+    untracked = [torch.nn.BatchNorm1d(3, track_running_stats=False), torch.nn.InstanceNorm1d(2),
+                 torch.nn.LayerNorm(7), torch.nn.GroupNorm(2, 4), torch.nn.Linear(3, 3)]
+    model = torch.nn.Sequential(*tracked, *untracked)
+    want = [b for m in tracked for b in (m.running_mean, m.running_var)]
+    got = bn_buffers(model)
+    assert [id(b) for b in got] == [id(b) for b in want]

@@ -1,5 +1,5 @@
 """The training options the source protocols need, each against an independent computation:
-step decay and warmups (pipeline.train.schedule), the batch rules of Eq. A.3 (Håland & Birkeland
+step decay and warmups (pipeline.train.lr_schedule), the batch rules of Eq. A.3 (Håland & Birkeland
 2020, Appendix A), LARS and the gradient-descent-then-Adam warmup optimizer
 (pipeline.train.optimizers), He initialisation (pipeline.train.models) and the crop-and-flip
 augmentation (pipeline.train.augment)."""
@@ -17,7 +17,7 @@ from pipeline.train.augment import crop_flip
 from pipeline.train.config import TrainConfig
 from pipeline.train.models import build_model
 from pipeline.train.optimizers import LARS, GDThenAdam, make_optimizer
-from pipeline.train.schedule import (household_local_batch, household_lr_factor, local_batch, lr_at, lr_factor,
+from pipeline.train.lr_schedule import (household_local_batch, household_lr_factor, local_batch, lr_at, lr_factor,
                                      plan_terms)
 
 

@@ -1,1 +1,1 @@
-"""Training stage: communication layer, algorithms, models, the worker, its schedules and the launchers."""
+"""Training stage: communication layer, algorithms, models, the worker, its drivers and the launchers."""

@@ -162,6 +162,9 @@ class TrainConfig(StageConfig):
     tensorboard: bool = Field(False, description="also write TensorBoard scalars to <output>/tb")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking (jobs/train.py)")
     start_timeout: int = Field(120, gt=0, description="seconds the launcher waits for workers to start")
+    bind_address: Optional[str] = Field(
+        None, description="address (or host name) of this machine that the workers' sockets listen on; default: "
+                          "the address of the route to MASTER_ADDR (loopback for the local launcher)")
     stall_timeout: float = Field(
         600, ge=0, description="a worker process (horovod, torch launchers) that completes no step, evaluation or "
                                "checkpoint for this many seconds prints its stacks and exits, so the launch fails and "

@@ -10,10 +10,12 @@ and elastic averaging keep it small but non-zero. The training loop logs it at e
 evaluation, together with the metrics of the *averaged* model (:func:`averaged_parameters`;
 :func:`swapped` evaluates other tensors, e.g. EASGD's centre, the same way).
 
-:func:`consensus_distance` is a collective over the world: every rank calls it at the same
-point and gets the same value (two averaging all-reduces: the mean vector, then the mean
-of the squared distances, computed in float64). :func:`consensus_distance_of` is the same
-formula on a list of vectors in one process, used by tests and benchmarks.
+:func:`squared_distance` is a collective over the world: every rank calls it at the same
+point and gets the same value as a one-element float64 tensor on the tensors' device (two
+averaging all-reduces on the communicator's device: the mean vector, then the mean of the
+squared distances); :func:`consensus_distance` is its value as a float.
+:func:`consensus_distance_of` is the same formula on a list of vectors in one process, used by
+tests and benchmarks.
 """
 from __future__ import annotations
 
@@ -24,20 +26,23 @@ import numpy as np
 import torch
 
 from .comm.base import Communicator
+from .comm.fusion import flatten
 
 
-def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors]) if tensors else torch.zeros(0, dtype=torch.float64)
+def squared_distance(tensors: Sequence[torch.Tensor], comm: Communicator) -> torch.Tensor:
+    """Mean over workers of the squared distance of ``tensors`` to the world average (collective),
+    computed where the tensors are (no host copy before the all-reduces)."""
+    x = flatten(tensors, dtype=torch.float64, device=None if tensors else comm.staging_device())
+    mean = x.clone()
+    comm.allreduce_mean_([mean])
+    d = ((x - mean) ** 2).sum().reshape(1)
+    comm.allreduce_mean_([d])
+    return d
 
 
 def consensus_distance(tensors: Sequence[torch.Tensor], comm: Communicator) -> float:
-    """Mean over workers of the squared distance of ``tensors`` to the world average (collective)."""
-    x = _flat(tensors).cpu()
-    mean = x.clone()
-    comm.allreduce_mean_([mean])
-    d = torch.tensor([float(((x - mean) ** 2).sum())], dtype=torch.float64)
-    comm.allreduce_mean_([d])
-    return float(d.item())
+    """:func:`squared_distance` as a float."""
+    return float(squared_distance(tensors, comm).item())
 
 
 def consensus_distance_of(vectors: Sequence[np.ndarray | torch.Tensor]) -> float:

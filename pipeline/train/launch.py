@@ -2,7 +2,7 @@
 
 ``train`` checks the inputs on the driver (manifest, shards, columns, batch size), computes
 the run plan every worker follows (see ``make_plan``), then starts the SAME worker function
-(``pipeline.train.schedules.worker_entry``) with the configured launcher:
+(``pipeline.train.entry.worker_entry``) with the configured launcher:
 
 * ``horovod`` (default): ``horovod.spark.run(fn, num_proc=M, use_gloo=True)``: one Horovod
   process per Spark task; communicator ``horovod``.
@@ -53,7 +53,7 @@ from ..outputs import atomic_output_dir, write_json
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .plan import TrainingPlan
-from .schedule import plan_terms
+from .lr_schedule import plan_terms
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +187,10 @@ def plan_train(cfg: TrainConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------- launchers
-def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
+def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue) -> None:
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    from .schedules import worker_entry
+                       "MASTER_ADDR": host, "MASTER_PORT": str(port)})
+    from .entry import worker_entry
 
     try:
         queue.put((rank, worker_entry(*args), None))
@@ -202,7 +202,8 @@ def _local_child(rank: int, world: int, port: int, args: tuple, queue) -> None:
         queue.put((rank, None, e))
 
 
-def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5) -> list[dict]:
+def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5,
+               host: Optional[str] = None) -> list[dict]:
     """M local processes joined by torch.distributed (gloo). A process that dies without a
     result (killed, out of memory) is noticed within ``poll_s``; once one rank failed, the others
     get ``grace_s`` to finish or fail before they are terminated. Raises the first rank's bad-input
@@ -211,7 +212,7 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
     import multiprocessing as mp
     import queue as queue_mod
 
-    from .schedules import worker_entry
+    from .entry import worker_entry
     from .restart import WorkerLost
 
     if world == 1:
@@ -219,9 +220,11 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
         return [worker_entry(cfg_json, "local", plan, out, ck)]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    host = host or "127.0.0.1"   # every worker on this machine: the rendezvous listens on loopback by default
+    port = free_port(host)
     argv = (args[0], "torch") + tuple(args[2:])
-    procs = [ctx.Process(target=_local_child, args=(r, world, port, argv, queue), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue), daemon=True)
+             for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -301,10 +304,11 @@ def task_gpu(resources: Optional[Mapping[str, Any]] = None) -> Optional[int]:
 
 def _task_resources() -> Mapping[str, Any]:
     try:
-        from horovod.spark.task import task_info
+        from horovod.spark.task.task_info import get_available_devices
 
-        if task_info._info.resources:
-            return task_info._info.resources
+        gpus = get_available_devices()   # the GPU addresses Horovod took from the task's TaskContext
+        if gpus:
+            return {"gpu": list(gpus)}
     except ImportError:
         pass
     try:
@@ -316,8 +320,8 @@ def _task_resources() -> Mapping[str, Any]:
 
 
 def _with_assigned_gpu(*args):
-    """A Horovod-on-Spark worker: :func:`~pipeline.train.schedules.worker_entry` on the GPU Spark assigned."""
-    from .schedules import worker_entry
+    """A Horovod-on-Spark worker: :func:`~pipeline.train.entry.worker_entry` on the GPU Spark assigned."""
+    from .entry import worker_entry
 
     return worker_entry(*args, assigned_gpu=task_gpu())
 
@@ -329,8 +333,13 @@ def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     _check_slots(spark, world)
+    nics = None
+    if cfg.bind_address:   # Horovod's gloo traffic on the interface of the configured address
+        from .comm.rendezvous import bind_address, interface_of
+
+        nics = {interface_of(bind_address(cfg.bind_address, cfg.bind_address))}
     return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
-                             start_timeout=cfg.start_timeout, verbose=0)
+                             start_timeout=cfg.start_timeout, verbose=0, nics=nics)
 
 
 def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) -> bool:
@@ -350,7 +359,7 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from ..spark import get_spark
-    from .schedules import worker_entry
+    from .entry import worker_entry
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if not cfg.torch_local_mode:
@@ -377,7 +386,7 @@ def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark
         return _run_horovod(args, plan["workers"], cfg, spark)
     if cfg.launcher == "torch":
         return _run_torch(args, plan["workers"], cfg, spark)
-    return _run_local(args, plan["workers"])
+    return _run_local(args, plan["workers"], host=cfg.bind_address)
 
 
 def train(cfg: TrainConfig, spark=None) -> dict:

@@ -41,6 +41,7 @@ from .algorithms.slowmo import SlowMo
 from .comm import make_communicator
 from .comm.base import Communicator, Group
 from .comm.device import current_device, device_kind
+from .comm.fusion import flatten
 from .digest import param_digest
 
 D_IN, D_HID, D_OUT = 5, 8, 3
@@ -58,7 +59,7 @@ def data(n: int, device, seed: int = 1234):
 
 
 def flat(model) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
+    return flatten(list(model.parameters()), dtype=torch.float64, device="cpu")
 
 
 def digest(model) -> str:
@@ -87,6 +88,7 @@ class SpyComm(Communicator):
         super().__init__()
         self.inner, self.calls = inner, []
         self.collective_exchange = inner.collective_exchange
+        self.device = inner.device
 
     rank = property(lambda self: self.inner.rank)
     world_size = property(lambda self: self.inner.world_size)
@@ -107,8 +109,8 @@ class SpyComm(Communicator):
     def barrier(self) -> None:
         self.inner.barrier()
 
-    def allgather_object(self, obj):
-        return self.inner.allgather_object(obj)
+    def allgather_(self, tensor):
+        return self.inner.allgather_(tensor)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -335,6 +337,7 @@ def run_checks(backend: str, checks: list[str], bucket_bytes: int = 256) -> dict
                              device_kind=device_kind(requested, torch.cuda.is_available()))
     try:
         device = current_device(requested, comm.local_rank)
+        comm.bind_device(device)
         mine = {"rank": comm.rank, "world": comm.world_size, "device": str(device)}
         for name in checks:
             mine[name] = CHECKS[name](comm, device)

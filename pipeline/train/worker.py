@@ -2,7 +2,7 @@
 
 A :class:`Worker` is the state of one worker process (a Horovod-on-Spark task, a
 TorchDistributor/torchrun process or a local process) and the verbs a schedule drives it with
-(``pipeline.train.schedules``: step-driven ``run_steps``, round-driven ``run_rounds``)::
+(``pipeline.train.drivers``: step-driven ``run_steps``, round-driven ``run_rounds``)::
 
     w = Worker(cfg, comm, plan, out_dir, ckpt_dir, device)   # build (rank 0's weights broadcast)
     w.start()                                                # algo.on_start, resume, metrics writer
@@ -200,7 +200,7 @@ class Worker:
     def train_step(self, inputs, y, lr_step: int) -> float:
         """One step: the learning rate of schedule step ``lr_step``, forward/backward (inside the
         straggler simulator), ``algo.step()``; then the debug hooks. Returns the loss."""
-        from .schedule import lr_at, set_lr
+        from .lr_schedule import lr_at, set_lr
 
         cfg, plan = self.cfg, self.plan
         t0 = time.perf_counter()
@@ -255,13 +255,17 @@ class Worker:
             spread = 0.0 if self.algo.in_sync() else consensus_distance(params, self.comm)
             if weights is None:
                 with self.evaluation_weights():
-                    mine = self._score(path)
+                    probs, labels, loss_sum = self._score(path)
             else:
                 with swapped(self.averager.tensors(), weights):
-                    mine = self._score(path)
-            parts = self.comm.allgather_object(mine)
-        return {**summarize(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                            sum(p[2] for p in parts)), "consensus_distance": spread}
+                    probs, labels, loss_sum = self._score(path)
+            dev = self.comm.staging_device()   # every rank's slice, gathered as tensors on the comm's device
+            probs = self.comm.allgather_(torch.from_numpy(probs).to(dev))
+            labels = self.comm.allgather_(torch.from_numpy(labels).to(dev))
+            losses = self.comm.allgather_(torch.tensor([loss_sum], dtype=torch.float64, device=dev))
+        return {**summarize(np.concatenate([p.cpu().numpy() for p in probs]),
+                            np.concatenate([y.cpu().numpy() for y in labels]),
+                            float(sum(float(v) for v in losses))), "consensus_distance": spread}
 
     def _score(self, path: str) -> tuple:
         from ..data.shard_reader import read_all

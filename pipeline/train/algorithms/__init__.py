@@ -35,7 +35,7 @@ REGISTRY: dict[str, str] = {
     "swarm": "pipeline.train.algorithms.swarm",
     "dpsgd": "pipeline.train.algorithms.dpsgd",
     "easgd": "pipeline.train.algorithms.easgd",
-    "timed_local_sgd": "pipeline.train.algorithms.rounds",
+    "timed_local_sgd": "pipeline.train.algorithms.timed_local_sgd",
     "adpsgd": "pipeline.train.algorithms.adpsgd",
     "eawild": "pipeline.train.algorithms.eawild",
     "async_ps": "pipeline.train.algorithms.async_ps",

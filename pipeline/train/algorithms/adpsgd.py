@@ -28,7 +28,7 @@ copy s_i (the pull) and the update. Passive updates are immediate (staleness 0).
 
 Rounds and leaving: see :mod:`.async_common`. At a round end an active finishes its exchange
 and sends END to every passive; a passive serves until it heard END (or LEAVE) from every
-active. A worker that stops for good (:meth:`PairAveraging.leave`): an active sends LEAVE and
+active. Both waits have no time bound while the peer is alive (its heartbeat goes on). A worker that stops for good (:meth:`PairAveraging.leave`): an active sends LEAVE and
 stops; a passive keeps answering requests from its thread, without round gating, until every
 active has left (its own computation has stopped, so nobody waits for it).
 
@@ -38,8 +38,8 @@ computation thread; with ``"free"`` it starts the next one as soon as the last i
 whose cores the workers share, back-to-back averagings take CPU from the gradient steps.
 
 "Thread" above: an active worker has one communication thread; a passive one has one serving
-thread per active (see :class:`~.async_common.RoundServer`); either way every worker is in at
-most one averaging at a time.
+thread per active (see :class:`~..comm.round_server.RoundServer`); either way every worker is in
+at most one averaging at a time.
 """
 from __future__ import annotations
 
@@ -51,10 +51,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ..comm.fusion import flatten, unflatten_
+from ..comm.liveness import wait_until
 from ..comm.p2p import END, LEAVE, REQ, P2PChannel, PeerError
+from ..comm.round_server import RoundServer
 from . import BuildContext, Spec
-from .async_common import (AsyncAlgorithm, AsyncParams, AsyncStats, RoundServer, add_flat_, exchanged_tensors,
-                           flat_copy)
+from .async_common import AsyncAlgorithm, AsyncParams, exchanged_tensors
+from .async_stats import AsyncStats
 
 
 def adpsgd_pairs(world: int) -> list[tuple[int, int]]:
@@ -66,13 +69,14 @@ class PairAveraging:
     """The communication of AD-PSGD over ``tensors`` (guarded by ``lock``).
 
     Active ranks run one thread that averages with random passives; passive ranks serve each
-    active from its own thread (:class:`~.async_common.RoundServer`), one averaging at a time
-    (``serve_lock``)."""
+    active from its own thread (:class:`~..comm.round_server.RoundServer`), one averaging at a
+    time (``serve_lock``). ``liveness`` and ``keepalive``: see :mod:`.async_common`."""
 
     def __init__(self, channel: P2PChannel, tensors: list[torch.Tensor], lock: threading.Lock,
                  stats: Optional[AsyncStats] = None, *, seed: int = 0, delay_s: float = 0.0,
-                 grad_steps: Callable[[], int] = lambda: 0, per_step: bool = False) -> None:
+                 grad_steps: Callable[[], int] = lambda: 0, per_step: bool = False, keepalive=None) -> None:
         self.ch, self.tensors, self.lock = channel, tensors, lock
+        self.keepalive = keepalive
         self.per_step = bool(per_step)  # at most one averaging (started by an active) per notify_step()
         self._stepped = threading.Event()
         self.stats = stats or AsyncStats()
@@ -88,6 +92,7 @@ class PairAveraging:
         self._go, self._stop, self._done = threading.Event(), threading.Event(), threading.Event()
         self._leaving = False
         self._state = "idle"  # what the active thread does now (for error messages)
+        self._peer: Optional[int] = None  # the passive the active thread talks to now
         self._numel = sum(t.numel() for t in tensors)
         self._dtype = tensors[0].dtype
         self.serve_lock = threading.Lock()
@@ -120,15 +125,15 @@ class PairAveraging:
         self._stop.clear()
         self._go.set()
 
-    def end_round(self, timeout_s: float) -> None:
+    def end_round(self) -> None:
+        """Quiesce the round: no time bound while the peers waited for are alive."""
         if self.server is not None:
-            self.server.end_round(self.round, timeout_s)
+            self.server.end_round(self.round, self.ch.liveness, self.keepalive)
         elif self.thread is not None:
             self._stop.set()
-            if not self._done.wait(timeout_s):
-                self.check()
-                raise PeerError(f"rank {self.rank}: round {self.round} of AD-PSGD did not end within "
-                                f"{timeout_s:.0f} s ({self._state})")
+            wait_until(lambda t: self._done.wait(t) or self.error is not None, self.ch.liveness,
+                       lambda: [] if self._peer is None else [self._peer],
+                       f"round {self.round} of AD-PSGD ({self._state})", self.keepalive)
         self.check()
         self.round += 1
 
@@ -164,29 +169,30 @@ class PairAveraging:
                         continue
                     self._stepped.clear()
                 j = int(self.rng.choice(self.passives))
-                self._state = f"active averaging with rank {j}"
+                self._state, self._peer = f"active averaging with rank {j}", j
                 self._exchange(j)
+                self._peer = None
                 if self.delay_s:
                     time.sleep(self.delay_s)
             kind = LEAVE if self._leaving else END
             for j in self.passives:
-                self._state = f"active sending {'LEAVE' if kind == LEAVE else 'END'} to rank {j}"
+                self._state, self._peer = f"active sending {'LEAVE' if kind == LEAVE else 'END'} to rank {j}", j
                 self.ch.send_header(j, kind, self.round)
-            self._state = "idle"
+            self._state, self._peer = "idle", None
             self._done.set()
             if kind == LEAVE:
                 return
 
     def _exchange(self, j: int) -> None:
         with self.lock:
-            mine = flat_copy(self.tensors)
+            mine = flatten(self.tensors, device="cpu")
             g0 = self.grad_steps()
         self.ch.send_header(j, REQ, self.round)
         self.ch.send(mine, j)
         theirs = torch.empty(self._numel, dtype=self._dtype)
         self.ch.recv(theirs, j)
         with self.lock:
-            add_flat_(self.tensors, theirs - mine, 0.5)
+            unflatten_(theirs - mine, self.tensors, add=0.5)
             stale = self.grad_steps() - g0
         self.stats.add_exchange()
         self.stats.add_staleness(stale)
@@ -199,8 +205,8 @@ class PairAveraging:
         with self.serve_lock:  # one averaging at a time on this worker
             self.ch.recv(theirs, src)
             with self.lock:
-                mine = flat_copy(self.tensors)
-                add_flat_(self.tensors, theirs - mine, 0.5)
+                mine = flatten(self.tensors, device="cpu")
+                unflatten_(theirs - mine, self.tensors, add=0.5)
             self.ch.send(mine, src)
             if self.delay_s:
                 time.sleep(self.delay_s)
@@ -223,9 +229,14 @@ class ADPSGD(AsyncAlgorithm):
         self.tensors = exchanged_tensors(self.params, averager)
         self.core: Optional[PairAveraging] = None
         if comm.world_size > 1:
-            self.channel = P2PChannel(adpsgd_pairs(comm.world_size), self.timeout_s)
+            self.channel = P2PChannel(adpsgd_pairs(comm.world_size), self.liveness)
             self.core = PairAveraging(self.channel, self.tensors, self.lock, self.stats, seed=seed,
                                       grad_steps=lambda: self.stats.grad_steps, per_step=pace == "step")
+
+    def on_start(self, worker=None) -> None:
+        super().on_start(worker)
+        if self.core is not None:
+            self.core.keepalive = self.keepalive
 
     def local_step(self) -> None:
         if self.core is not None:
@@ -241,7 +252,7 @@ class ADPSGD(AsyncAlgorithm):
 
     def end_comm_round(self) -> None:
         if self.core is not None:
-            self.core.end_round(self.timeout_s)
+            self.core.end_round()
 
     def leave(self, timeout_s: Optional[float]) -> None:
         if self.core is not None:

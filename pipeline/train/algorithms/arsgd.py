@@ -7,7 +7,7 @@ process with batch M*b on the same samples (for a mean-reduced loss).
 
 The linear learning-rate scaling rule and gradual warmup (Goyal et al. 2017) are learning-rate
 schedules, set in ``TrainConfig`` (``lr_scaling``, ``warmup_epochs``) and applied by the
-training loop (``pipeline.train.schedule``) for every algorithm.
+training loop (``pipeline.train.lr_schedule``) for every algorithm.
 """
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""What the asynchronous algorithms (``adpsgd``, ``eawild``, ``async_ps``) share.
+"""What the asynchronous algorithms (``adpsgd``, ``eawild``, ``async_ps``) share: their round and
+liveness parameters, the checks of a config against them, and :class:`AsyncAlgorithm`.
 
 Rounds
 ------
-An asynchronous algorithm follows the round protocol of :mod:`.rounds` (``variable_steps``,
+An asynchronous algorithm is a :class:`~.base.RoundAlgorithm` (``variable_steps``,
 ``rounds_done``, ``round_finished``, ``nominal_steps_per_round``, ``reset_clock``), so the
 round-driven training loop runs it. Inside a round nobody waits for anybody: the
-communication goes on in the background (AD-PSGD's thread, the centre holder's thread) or
-against the holder only. A round ends
+communication goes on in the background (AD-PSGD's thread, the centre holder's threads, a
+link's sending thread) or against the holder only. A round ends
 
 * after ``round_seconds`` of wall clock (time mode: every worker stops at the same time and
   a slow worker simply took fewer steps), or
@@ -18,41 +19,49 @@ At a round end the algorithm QUIESCES its communication: every exchange in fligh
 the serving threads have heard "end of round" from every peer, and nothing touches the model
 until this worker's next ``step()``. Round boundaries are therefore safe for collectives on
 the world communicator: evaluation, SlowMo's outer step (``tau`` counts rounds,
-:class:`.rounds.RoundSlowMo`), the final average, checkpoints.
+:class:`.slowmo.RoundSlowMo`), the final average, checkpoints.
 
-Measurements (:meth:`AsyncAlgorithm.eval_metrics`, a collective): staleness histogram,
-per-worker fraction of time idle (waiting at round ends, for the holder's reply or its lock),
-exchanges per second and averaging rate (exchanges per gradient step).
+Slow is not dead
+----------------
+Every wait for a peer (a round end, the holder's reply or lock, an averaging in flight) has no
+time bound while the peer is alive, and fails with a PeerError as soon as it is not: its
+connection closed, or its heartbeat was silent for ``timeout_s`` (``comm/liveness.py``). While
+a peer it waits for makes progress, the waiting worker's watchdog is kept quiet.
+
+Devices: the pair channels carry host tensors; so do the algorithms' own collectives (centre
+broadcast, group averages, metrics), on the communicator's host view (``comm.host()``).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
-from collections import Counter
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import ConfigError
-from .base import RoundAlgorithm
+from ..comm.liveness import wait_until
+from .async_stats import AsyncStats, combine
 from .averaging import bn_buffers
+from .base import RoundAlgorithm
 
 TORCH_LAUNCHERS = "launcher=torch or launcher=local"
+LEAVE_WAIT_S = 10.0   # how long a worker that stops serves peers still to leave (close(), also after a failure)
+ASYNC_ALGORITHMS = ("adpsgd", "eawild", "async_ps")
+ASYNC_LAUNCHERS = ("torch", "local")
 
 
 class AsyncParams(BaseModel):
-    """Round and transport parameters common to the asynchronous algorithms."""
+    """Round and liveness parameters common to the asynchronous algorithms."""
 
     model_config = ConfigDict(extra="forbid")
     round_steps: int = Field(8, ge=1, description="local steps per round (time mode: expected steps per round)")
     round_seconds: Optional[float] = Field(None, gt=0, description="wall-clock rounds of this length (time mode)")
-    timeout_s: float = Field(60.0, gt=0, description="seconds a peer may stay silent before the run fails")
+    timeout_s: float = Field(60.0, gt=0, description="seconds without a heartbeat after which a peer counts as dead "
+                                                     "(a slow but live peer is waited for without a bound)")
     seed: Optional[int] = Field(None, description="seed of random peer choices (default: rank-derived)")
-
-
-ASYNC_ALGORITHMS = ("adpsgd", "eawild", "async_ps")
-ASYNC_LAUNCHERS = ("torch", "local")
 
 
 def base_algorithm(name: str, params: Optional[dict]) -> tuple[str, dict]:
@@ -90,13 +99,9 @@ def check_world(name: str, params: Optional[dict], world: int) -> None:
         check_group_size(params["group_size"], world)
 
 
-def require_torch_distributed(name: str, comm) -> None:
-    """Refuse a communicator without torch.distributed point to point (Horovod) in ONE line."""
-    if comm.world_size == 1:
-        return
-    import torch.distributed as dist
-
-    if type(comm).__name__ != "TorchDistCommunicator" or not dist.is_initialized():
+def require_point_to_point(name: str, comm) -> None:
+    """Refuse a communicator without point-to-point channels (Horovod) in ONE line."""
+    if comm.world_size > 1 and not comm.point_to_point:
         raise ConfigError(f"invalid config value algorithm.name={name!r} with the {type(comm).__name__}: "
                           f"asynchronous algorithms need point-to-point messages; use {TORCH_LAUNCHERS}")
 
@@ -109,84 +114,18 @@ def exchanged_tensors(model_params, averager) -> list[torch.Tensor]:
     return ts
 
 
-def flat_copy(tensors) -> torch.Tensor:
-    """One contiguous CPU copy of ``tensors`` in the first tensor's dtype (the message payload)."""
-    dt = tensors[0].dtype
-    return torch.cat([t.detach().reshape(-1).to("cpu", dt) for t in tensors])
+def future_done(fut: concurrent.futures.Future) -> Callable[[float], bool]:
+    """``done(timeout)`` of a future, for :func:`~..comm.liveness.wait_until`."""
+    def done(timeout: float) -> bool:
+        concurrent.futures.wait([fut], timeout=timeout)
+        return fut.done()
 
-
-def add_flat_(tensors, delta: torch.Tensor, alpha: float = 1.0) -> None:
-    """tensors += alpha * delta (delta flat, CPU) in place, through ``.data`` (not seen by autograd)."""
-    o = 0
-    for t in tensors:
-        n = t.numel()
-        t.data.add_(delta[o:o + n].view_as(t).to(t.device, t.dtype), alpha=alpha)
-        o += n
-
-
-def copy_flat_(tensors, flat: torch.Tensor) -> None:
-    o = 0
-    for t in tensors:
-        n = t.numel()
-        t.data.copy_(flat[o:o + n].view_as(t).to(t.device, t.dtype))
-        o += n
-
-
-class AsyncStats:
-    """Counters of one worker since the last evaluation (thread safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.total_steps = 0  # gradient steps of the whole run (not reset)
-        self.reset()
-
-    def reset(self) -> None:
-        with getattr(self, "_lock", threading.Lock()):
-            self.staleness: Counter = Counter()
-            self.exchanges = 0
-            self.idle_s = 0.0
-            self.grad_steps = 0
-            self.t0 = time.perf_counter()
-
-    def add_staleness(self, s: int) -> None:
-        with self._lock:
-            self.staleness[int(s)] += 1
-
-    def add_exchange(self) -> None:
-        with self._lock:
-            self.exchanges += 1
-
-    def add_idle(self, s: float) -> None:
-        with self._lock:
-            self.idle_s += s
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            wall = max(time.perf_counter() - self.t0, 1e-9)
-            return {"staleness": dict(self.staleness), "exchanges": self.exchanges, "idle_s": self.idle_s,
-                    "grad_steps": self.grad_steps, "total_steps": self.total_steps, "wall_s": wall}
-
-
-def combine(parts: list[dict]) -> dict:
-    """The record fields of :meth:`AsyncAlgorithm.eval_metrics` from every worker's snapshot."""
-    hist: Counter = Counter()
-    for p in parts:
-        hist.update({int(k): v for k, v in p["staleness"].items()})
-    top = max(hist) if hist else -1
-    wall = max(p["wall_s"] for p in parts)
-    n = sum(hist.values())
-    return {"staleness_hist": [hist.get(i, 0) for i in range(top + 1)],
-            "staleness_mean": (sum(k * v for k, v in hist.items()) / n) if n else None,
-            "idle_fraction": [round(p["idle_s"] / p["wall_s"], 4) for p in parts],
-            "exchanges_per_s": round(sum(p["exchanges"] for p in parts) / wall, 3),
-            "averaging_rate": [round(p["exchanges"] / p["grad_steps"], 4) if p["grad_steps"] else None
-                               for p in parts],
-            "worker_steps_per_s": [round(p["grad_steps"] / p["wall_s"], 3) for p in parts],
-            "global_steps": sum(p.get("total_steps", 0) for p in parts)}
+    return done
 
 
 class AsyncAlgorithm(RoundAlgorithm):
-    """Round clock, model lock, measurements and shutdown of an asynchronous algorithm.
+    """Round clock, model lock, liveness-aware waits, measurements and shutdown of an
+    asynchronous algorithm, on the hook protocol of :class:`~.base.Algorithm`.
 
     Subclasses implement ``local_step()`` (the update of one gradient step, called with the
     gradients in place), ``begin_comm_round()`` / ``end_comm_round()`` (start / quiesce the
@@ -200,7 +139,7 @@ class AsyncAlgorithm(RoundAlgorithm):
     def __init__(self, params, optimizer, comm, *, round_steps: int = 8, round_seconds: Optional[float] = None,
                  timeout_s: float = 60.0) -> None:
         super().__init__(params, optimizer, comm)
-        require_torch_distributed(self.name, comm)
+        require_point_to_point(self.name, comm)
         self.round_steps, self.round_seconds, self.timeout_s = int(round_steps), round_seconds, float(timeout_s)
         self.nominal_steps_per_round = int(round_steps)
         self.rounds_done = 0
@@ -209,10 +148,18 @@ class AsyncAlgorithm(RoundAlgorithm):
         self.lock = threading.Lock()  # held while anything writes the model
         self.stats = AsyncStats()
         self.channel = None
+        # collective at construction (same order on every rank): the host view, then the heartbeats
+        self.host = comm.host()
+        self.liveness = comm.liveness(self.timeout_s) if comm.world_size > 1 else None
+        self.keepalive: Optional[Callable[[], None]] = None
         self._in_round = False
         self._closed = False
         self._last_metrics: dict = {}
         self._round_t0 = time.perf_counter()
+
+    def on_start(self, worker: Any = None) -> None:
+        """Waiting for a peer that makes progress beats the worker's watchdog (see module docstring)."""
+        self.keepalive = getattr(worker, "beat", None)
 
     # -- the round protocol
     def reset_clock(self) -> None:
@@ -223,15 +170,20 @@ class AsyncAlgorithm(RoundAlgorithm):
             return time.perf_counter() - self._round_t0 >= self.round_seconds
         return self.steps_in_round >= self.round_steps
 
-    def step(self) -> None:
+    # -- the hook protocol
+    def before_step(self) -> None:
         if not self._in_round:
             self.begin_comm_round()
             self._in_round = True
         self.round_finished = False
+
+    def apply_step(self) -> None:
         self.local_step()
-        self.stats.grad_steps += 1
-        self.stats.total_steps += 1
-        self.step_count += 1
+
+    def after_step(self) -> None:
+        self.stats.add_step()
+        if self.liveness is not None:
+            self.liveness.note_progress()
         self.steps_in_round += 1
         if self._round_due():
             self.finish_round()
@@ -249,12 +201,23 @@ class AsyncAlgorithm(RoundAlgorithm):
     def in_sync(self) -> bool:
         return self.comm.world_size == 1
 
-    # -- measurements (collective over the world communicator, at round boundaries)
+    # -- waiting for peers
+    def wait(self, done: Callable[[float], bool], peers, what: str, idle: bool = True) -> None:
+        """Wait for ``done`` while ``peers`` are alive (see module docstring); the time counts as idle
+        (``idle=False``: a wait the caller accounts for, the round end's)."""
+        t0 = time.perf_counter()
+        try:
+            wait_until(done, self.liveness, peers, what, self.keepalive)
+        finally:
+            if idle:
+                self.stats.add_idle(time.perf_counter() - t0)
+
+    # -- measurements (collective over the world, at round boundaries)
     def eval_metrics(self) -> dict:
         mine = {**self.stats.snapshot(), **(self.channel.stats() if self.channel is not None else {})}
         self.stats.reset()
-        with self.comm.stats_paused():
-            parts = self.comm.allgather_object(mine)
+        with self.host.stats_paused():
+            parts = self.host.allgather_object(mine)
         if sum(p["grad_steps"] for p in parts) == 0 and self._last_metrics:
             return self._last_metrics  # nothing happened since (the test record right after the last one)
         self._last_metrics = combine(parts)
@@ -283,11 +246,11 @@ class AsyncAlgorithm(RoundAlgorithm):
             self.finish_round()
 
     def close(self) -> None:
-        """Tell the peers this worker is gone and stop the thread; never waits long for peers."""
+        """Tell the peers this worker is gone and stop the threads; never waits long for peers."""
         if not self._closed:
             self._closed = True
             try:
-                self.leave(min(self.timeout_s, 10.0))
+                self.leave(LEAVE_WAIT_S)
             except Exception:  # noqa: BLE001 - close() runs after failures too: the first error is reported
                 pass
 
@@ -297,95 +260,3 @@ class AsyncAlgorithm(RoundAlgorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rounds_done = int(state.get("rounds_done", 0))
-
-
-class RoundServer:
-    """The serving side of an asynchronous algorithm: one thread per client, with round gating.
-
-    Each thread blocks on a receive from its client (its own pair group, see
-    :mod:`~..comm.p2p`) and calls ``handle(src, kind)`` for every request; END closes the
-    client's round r, after which the thread waits until the main thread begins round r + 1
-    (so nothing is served while the main thread is in a collective); LEAVE retires the client.
-    ``leave()`` switches gating off: the threads serve until every client has left.
-    """
-
-    def __init__(self, channel, clients, handle, name: str) -> None:
-        from ..comm.p2p import END, LEAVE
-
-        self._END, self._LEAVE = END, LEAVE
-        self.ch, self.clients, self.handle = channel, list(clients), handle
-        self.cv = threading.Condition()
-        self.begun = -1
-        self.ended = {c: -1 for c in self.clients}
-        self.left: set[int] = set()
-        self.leaving = False
-        self.error: Optional[BaseException] = None
-        self.threads = [threading.Thread(target=self._serve, args=(c,), daemon=True, name=f"{name}-{c}")
-                        for c in self.clients]
-        for t in self.threads:
-            t.start()
-
-    def _serve(self, src: int) -> None:
-        r = 0
-        try:
-            while True:
-                with self.cv:
-                    self.cv.wait_for(lambda: self.begun >= r or self.leaving or self.error is not None)
-                    if self.error is not None:
-                        return
-                while True:
-                    kind = self.ch.recv_header(src)[0]
-                    if kind == self._END:
-                        with self.cv:
-                            self.ended[src] = r
-                            self.cv.notify_all()
-                        r += 1
-                        break
-                    if kind == self._LEAVE:
-                        with self.cv:
-                            self.left.add(src)
-                            self.cv.notify_all()
-                        return
-                    self.handle(src, kind)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            with self.cv:
-                self.error = self.error or e
-                self.cv.notify_all()
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def begin_round(self, r: int) -> None:
-        self.check()
-        with self.cv:
-            self.begun = r
-            self.cv.notify_all()
-
-    def end_round(self, r: int, timeout_s: float) -> None:
-        def over():
-            return self.error is not None or all(self.ended[c] >= r or c in self.left for c in self.clients)
-
-        with self.cv:
-            ok = self.cv.wait_for(over, timeout_s)
-            missing = [c for c in self.clients if self.ended[c] < r and c not in self.left]
-        self.check()
-        if not ok:
-            from ..comm.p2p import PeerError
-
-            raise PeerError(f"rank {self.ch.rank}: round {r} did not end within {timeout_s:.0f} s: no END from "
-                            f"ranks {missing} (a peer stopped without leaving)")
-
-    def leave(self, timeout_s: Optional[float]) -> None:
-        with self.cv:
-            self.leaving = True
-            self.cv.notify_all()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for t in self.threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        self.check()
-        if any(t.is_alive() for t in self.threads):
-            from ..comm.p2p import PeerError
-
-            raise PeerError(f"rank {self.ch.rank}: clients {sorted(set(self.clients) - self.left)} did not leave "
-                            f"within {timeout_s:.0f} s")

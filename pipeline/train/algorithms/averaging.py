@@ -11,7 +11,8 @@
 
 Every algorithm that averages parameters (local SGD, post-local SGD, hierarchical, SlowMo)
 goes through this class, so the policy is the same everywhere. AR-SGD averages gradients,
-not parameters; its BatchNorm statistics are averaged only for evaluation (see loop.py).
+not parameters; its BatchNorm statistics are averaged only for evaluation
+(``pipeline.train.worker.Worker.evaluation_weights``).
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ MOMENTUM_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq")
 
 
 def bn_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The running mean and variance of every normalisation layer that tracks them (BatchNorm*,
+    SyncBatchNorm, InstanceNorm* with ``track_running_stats``), found by their public attributes."""
     out = []
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats:
-            out += [b for b in (m.running_mean, m.running_var) if b is not None]
+        if getattr(m, "track_running_stats", False):
+            out += [b for b in (getattr(m, "running_mean", None), getattr(m, "running_var", None))
+                    if isinstance(b, torch.Tensor)]
     return out
 
 

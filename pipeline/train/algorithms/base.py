@@ -4,7 +4,11 @@ An algorithm wraps a model's parameters, a base torch optimizer and a Communicat
 replaces ``optimizer.step()`` in the training loop::
 
     loss.backward()
-    algo.step()          # before_step() -> optimizer.step() -> after_step()
+    algo.step()          # before_step() -> apply_step() -> after_step(); step_count += 1
+
+That is the ONE hook protocol of every algorithm: ``apply_step`` is the base optimizer's step
+unless the algorithm applies the gradient itself (the asynchronous algorithms do it under
+their model lock and fold their exchange into it; SlowMo applies its base algorithm's step).
 
 It knows nothing about Spark, Horovod or torch.distributed; it talks only to the
 communication interface (``pipeline.train.comm.base.Communicator``). Composition
@@ -33,7 +37,7 @@ Life cycle hooks, called by the worker (``pipeline.train.worker.Worker``):
 :class:`RoundAlgorithm` is the typed round protocol of algorithms that communicate in rounds
 (SwarmSGD, time-budgeted local SGD, SlowMo around them). When ``variable_steps`` is True,
 workers take different numbers of local steps per round and the training run must be driven
-by rounds (``pipeline.train.schedules.run_rounds``), not by a shared step count.
+by rounds (``pipeline.train.drivers.run_rounds``), not by a shared step count.
 """
 from __future__ import annotations
 
@@ -88,12 +92,18 @@ class Algorithm:
     def before_step(self) -> None:
         """After backward, before the base optimizer step (e.g. average gradients)."""
 
+    def apply_step(self) -> None:
+        """Apply the gradients (default: the base optimizer's step)."""
+        self.optimizer.step()
+
     def after_step(self) -> None:
-        """After the base optimizer step (e.g. average parameters every H steps)."""
+        """After the gradients were applied (e.g. average parameters every H steps)."""
 
     def step(self) -> None:
+        """The hook protocol (see module docstring); ``step_count`` counts completed steps, so a
+        hook sees the number of steps before this one."""
         self.before_step()
-        self.optimizer.step()
+        self.apply_step()
         self.after_step()
         self.step_count += 1
 

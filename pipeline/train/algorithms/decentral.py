@@ -1,9 +1,10 @@
-"""Shared pieces of the decentralized algorithms (SwarmSGD, D-PSGD, EASGD).
+"""Shared pieces of the decentralized algorithms (SwarmSGD, D-PSGD, EASGD, time-budgeted local SGD).
 
-* :func:`flatten` / :func:`unflatten_into` -- the tensors an averaging step touches (chosen
-  by the training config's averaging policy, ``ModelAverager.tensors()``: parameters, plus
-  BatchNorm statistics and optimizer momentum when the policy says ``average``) as ONE
-  contiguous vector, so that an exchange or an all-reduce is one message, not one per tensor.
+The tensors an averaging step touches (chosen by the training config's averaging policy,
+``ModelAverager.tensors()``: parameters, plus BatchNorm statistics and optimizer momentum when
+the policy says ``average``) travel as ONE contiguous vector (``comm.fusion.flatten`` /
+``unflatten_``), so that an exchange or an all-reduce is one message, not one per tensor.
+
 * :class:`LocalSteps` -- how many local steps a worker takes before it communicates:
   ``fixed`` (H), ``geometric`` (a fresh H_i ~ Geometric(1/H) per worker and round, mean H,
   drawn from ``default_rng([seed, rank, round])`` so a resumed run redraws the same value),
@@ -19,25 +20,6 @@ import numpy as np
 import torch
 
 Schedule = Literal["fixed", "geometric", "time"]
-
-
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous copy of ``tensors`` (cast to the first tensor's dtype)."""
-    if not tensors:
-        return torch.zeros(0)
-    dt = tensors[0].dtype
-    return torch.cat([t.detach().reshape(-1).to(dt) for t in tensors])
-
-
-def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy ``flat`` back into ``tensors`` (inverse of :func:`flatten`)."""
-    o = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[o:o + n].view_as(t).to(t.dtype))
-            o += n
-    assert o == flat.numel(), f"flat vector has {flat.numel()} values, tensors {o}"
 
 
 def reset_momentum_if_asked(averager) -> None:

@@ -28,10 +28,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..comm.base import Communicator
+from ..comm.fusion import flatten, unflatten_
 from ..topology import Graph, make_graph
 from . import BuildContext, Spec
 from .base import Algorithm
-from .decentral import ParamsOnly, reset_momentum_if_asked, flatten, unflatten_into
+from .decentral import ParamsOnly, reset_momentum_if_asked
 
 
 class DPSGDParams(BaseModel):
@@ -102,7 +103,7 @@ class DPSGD(Algorithm):
         x = flatten(tensors)
         if self.uniform:
             self.comm.allreduce_mean_([x])
-            unflatten_into(x, tensors)
+            unflatten_(x, tensors)
         else:
             me = self.comm.rank
             acc = x * float(self.W[me, me])
@@ -112,7 +113,7 @@ class DPSGD(Algorithm):
                     got = self.comm.exchange([x], p)
                     if p is not None:
                         acc.add_(got[0], alpha=float(self.W[me, p]))
-            unflatten_into(acc, tensors)
+            unflatten_(acc, tensors)
         reset_momentum_if_asked(self.averager)
 
     def in_sync(self) -> bool:

@@ -36,9 +36,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..comm.base import Communicator
+from ..comm.fusion import flatten, split_like, unflatten_
 from . import BuildContext, Spec
 from .base import Algorithm
-from .decentral import ParamsOnly, reset_momentum_if_asked, flatten, unflatten_into
+from .decentral import ParamsOnly, reset_momentum_if_asked
 
 
 class EASGDParams(BaseModel):
@@ -115,7 +116,7 @@ class EASGD(Algorithm):
         a, b = self.alpha, self.beta
         x.add_(x - self.centre, alpha=-a)
         self.centre.add_(xbar - self.centre, alpha=b)
-        unflatten_into(x, tensors)
+        unflatten_(x, tensors)
         reset_momentum_if_asked(self.averager)
 
     def evaluation_tensors(self) -> Optional[list[torch.Tensor]]:
@@ -126,17 +127,12 @@ class EASGD(Algorithm):
         return {"centre": self.centre_tensors()} if self.evaluate == "average" else {}
 
     def centre_tensors(self) -> list[torch.Tensor]:
-        """The centre, shaped like ``averager.tensors()`` (as far as the centre covers them)."""
+        """The centre, shaped like ``averager.tensors()`` (as far as the centre covers them: momentum
+        state that appeared after its last reset is not in it)."""
         tensors = self.averager.tensors()
         if self.centre is None:  # before the first step every rank holds rank 0's broadcast weights
             return [t.detach().clone() for t in tensors]
-        out, o = [], 0
-        for t in tensors:  # the centre may not cover momentum state that appeared after its last reset
-            if o + t.numel() > self.centre.numel():
-                break
-            out.append(self.centre[o:o + t.numel()].view_as(t).clone())
-            o += t.numel()
-        return out
+        return [v.clone() for v in split_like(self.centre, tensors)]
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "centre": None if self.centre is None else self.centre.clone()}

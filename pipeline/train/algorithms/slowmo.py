@@ -72,15 +72,19 @@ class SlowMo(Algorithm):
     def extra_evaluations(self) -> dict[str, list[torch.Tensor]]:
         return self.base.extra_evaluations()
 
-    def _outer_due(self) -> bool:
-        return self.step_count % self.tau == 0
+    def _outer_due(self, n: int) -> bool:
+        """Whether the outer step follows base step ``n`` (1-based)."""
+        return n % self.tau == 0
 
-    def step(self) -> None:
+    def before_step(self) -> None:
         if self.x0 is None:
             self.on_start()
+
+    def apply_step(self) -> None:
         self.base.step()
-        self.step_count += 1
-        if self._outer_due():
+
+    def after_step(self) -> None:
+        if self._outer_due(self.step_count + 1):
             self.outer_step()
 
     @torch.no_grad()
@@ -99,7 +103,7 @@ class SlowMo(Algorithm):
         self.base.zero_grad(set_to_none)
 
     def in_sync(self) -> bool:
-        if self.average and self._outer_due():
+        if self.average and self._outer_due(self.step_count):
             return True
         return self.base.in_sync() and (self.average or self.beta == 0.0 and self.alpha == 1.0)
 
@@ -144,7 +148,7 @@ class RoundSlowMo(SlowMo, RoundAlgorithm):
     def reset_clock(self) -> None:
         self.round_base.reset_clock()
 
-    def _outer_due(self) -> bool:
+    def _outer_due(self, n: int) -> bool:
         return self.round_base.round_finished and self.round_base.rounds_done % self.tau == 0
 
 

@@ -36,10 +36,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..comm.base import Communicator
+from ..comm.fusion import flatten, unflatten_
 from ..topology import make_graph
 from . import BuildContext, Spec
 from .base import RoundAlgorithm
-from .decentral import LocalSteps, ParamsOnly, flatten, reset_momentum_if_asked, unflatten_into
+from .decentral import LocalSteps, ParamsOnly, reset_momentum_if_asked
 
 
 class SwarmParams(BaseModel):
@@ -109,13 +110,14 @@ class SwarmSGD(RoundAlgorithm):
         if partner is not None:
             y = got[0]
             if self.weighting == "steps":
-                # same operations in the same order on both partners -> bitwise-equal results
+                # same operations in the same order on both partners -> bitwise-equal results; tensor
+                # arithmetic on the model's device (no host round trip of the step counts)
                 lo, hi = (x, y) if self.comm.rank < partner else (y, x)
-                w = float(lo[-1]) / (float(lo[-1]) + float(hi[-1]))
+                w = lo[-1:] / (lo[-1:] + hi[-1:])
                 avg = lo[:-1] * w + hi[:-1] * (1.0 - w)
             else:
                 avg = x.mul_(0.5).add_(y, alpha=0.5)
-            unflatten_into(avg, tensors)
+            unflatten_(avg, tensors)
             reset_momentum_if_asked(self.averager)
         else:
             self.sat_out += 1

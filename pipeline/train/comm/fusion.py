@@ -1,4 +1,8 @@
-"""Tensor fusion: pack many tensors into a few flat buckets for one collective each.
+"""Flat vectors of tensor lists, and tensor fusion: many tensors in a few buckets, one collective each.
+
+:func:`flatten` / :func:`unflatten_` / :func:`split_like` are THE flattening of a list of
+tensors (parameters, buffers, momentum) into one contiguous vector and back, used by every
+algorithm that sends a model as one message or reduces it in one collective.
 
 Tensors are grouped by (dtype, device) and packed in order into buckets of at most
 ``bucket_bytes`` (a tensor larger than a bucket gets a bucket of its own). A backend reduces
@@ -17,6 +21,43 @@ from typing import Optional, Sequence
 import torch
 
 from ...packing import consecutive_groups
+
+
+def flatten(tensors: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None,
+            device: Optional[torch.device | str] = None) -> torch.Tensor:
+    """One contiguous copy of ``tensors`` in ``dtype`` (default: the first tensor's) on ``device``
+    (default: the first tensor's); an empty list gives an empty vector."""
+    if not tensors:
+        return torch.zeros(0, dtype=dtype or torch.float32, device=device)
+    dtype = dtype or tensors[0].dtype
+    device = tensors[0].device if device is None else device
+    return torch.cat([t.detach().reshape(-1).to(device, dtype) for t in tensors])
+
+
+def split_like(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped like ``tensors`` (as many as it covers, in order)."""
+    out, o = [], 0
+    for t in tensors:
+        n = t.numel()
+        if o + n > flat.numel():
+            break
+        out.append(flat[o:o + n].view(t.shape))
+        o += n
+    return out
+
+
+def unflatten_(flat: torch.Tensor, tensors: Sequence[torch.Tensor], add: Optional[float] = None,
+               non_blocking: bool = False) -> None:
+    """Copy ``flat`` back into ``tensors`` in place (the inverse of :func:`flatten`), or with ``add``
+    add ``add * flat``; through ``.data`` (not seen by autograd), on each tensor's device and dtype."""
+    total = sum(t.numel() for t in tensors)
+    if total != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} values, the tensors {total}")
+    for t, v in zip(tensors, split_like(flat, tensors)):
+        if add is None:
+            t.data.copy_(v, non_blocking=non_blocking)
+        else:
+            t.data.add_(v.to(t.device, t.dtype), alpha=add)
 
 
 class HostStaging:
@@ -62,17 +103,11 @@ class Bucket:
                 self.flat[off:off + n].copy_(t.detach().reshape(-1), non_blocking=staging.pin)
                 off += n
             staging.sync(tensors[0].device)
-        elif len(tensors) > 1:
-            self.flat = torch.cat([t.detach().reshape(-1) for t in tensors])
         else:
-            self.flat = tensors[0].detach().reshape(-1).clone()
+            self.flat = flatten(tensors)
 
     def unpack_(self) -> None:
-        off = 0
-        for t in self.tensors:
-            n = t.numel()
-            t.data.copy_(self.flat[off:off + n].view_as(t), non_blocking=self.staged)
-            off += n
+        unflatten_(self.flat, self.tensors, non_blocking=self.staged)
 
 
 def make_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int,

@@ -10,6 +10,8 @@
 * Groups are Horovod *dynamic* process sets (``HOROVOD_DYNAMIC_PROCESS_SETS=1`` is set before
   ``hvd.init``); the world group is the global process set; asking twice for the same ranks
   returns the cached set.
+* ``allgather_``: Horovod's allgather (the first dimension may differ between ranks);
+  ``allgather_object`` sends JSON in it (the base class), never Horovod's pickling one.
 * ``exchange`` is an ``alltoall`` with splits: this rank sends its flat payload only to
   ``partner`` (split = payload size there, 0 elsewhere). Horovod has no point-to-point
   send/recv, so every rank must call ``exchange`` in the same round (``collective_exchange``);
@@ -121,8 +123,14 @@ class HorovodCommunicator(Communicator):
         with self._timed(0):
             self.hvd.barrier()
 
-    def allgather_object(self, obj: Any) -> list[Any]:
-        return self.hvd.allgather_object(obj)
+    def allgather_(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        if tensor.dim() < 1:
+            raise ValueError("allgather_ needs a tensor of at least one dimension")
+        t = tensor.detach().contiguous()
+        counts = self.hvd.allgather(torch.tensor([t.shape[0]], dtype=torch.int64)).tolist()
+        with self._timed(nbytes([t])):
+            out = self.hvd.allgather(t.cpu() if self.staging is not None and t.is_cuda else t)
+        return [p.to(t.device) for p in torch.split(out, counts)]
 
     def shutdown(self) -> None:
         self.hvd.shutdown()

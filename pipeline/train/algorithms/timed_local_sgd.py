@@ -4,7 +4,7 @@ In every round each worker takes as many local steps as fit in ``round_seconds``
 clock, then communicates. A slow worker simply takes fewer steps, so nobody waits for it
 longer than one of its steps (SwarmSGD's time and geometric schedules have the same
 property). It follows the round protocol of :class:`~.base.RoundAlgorithm`, and the run is
-driven by rounds (``pipeline.train.schedules.run_rounds``).
+driven by rounds (``pipeline.train.drivers.run_rounds``).
 
 :class:`TimedLocalSGD` (``timed_local_sgd``): local SGD with a time budget per round, then one
 all-reduce average. ``weighting="equal"`` is the plain average; ``"steps"`` weights each worker
@@ -19,9 +19,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..comm.fusion import flatten, unflatten_
 from . import BuildContext, Spec
 from .base import RoundAlgorithm
-from .decentral import LocalSteps, ParamsOnly, flatten, reset_momentum_if_asked, unflatten_into
+from .decentral import LocalSteps, ParamsOnly, reset_momentum_if_asked
 
 
 class TimedLocalSGDParams(BaseModel):
@@ -77,7 +78,7 @@ class TimedLocalSGD(RoundAlgorithm):
         h = float(self.steps_in_round)
         buf = torch.cat([x * h, torch.tensor([h], dtype=x.dtype, device=x.device)])
         self.comm.allreduce_mean_([buf])
-        unflatten_into(buf[:-1] / buf[-1], tensors)
+        unflatten_(buf[:-1] / buf[-1], tensors)
         reset_momentum_if_asked(self.averager)
 
     def reset_clock(self) -> None:

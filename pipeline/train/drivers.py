@@ -1,10 +1,6 @@
-"""Schedules: what drives a :class:`~.worker.Worker` through a run, and the worker entry point.
+"""Drivers: what takes a :class:`~.worker.Worker` through a run, step by step or round by round.
 
-``worker_entry(cfg_json, backend, plan, out_dir, ckpt_dir, assigned_gpu=None)`` is what every
-worker process runs under every launcher: it resolves the device (``comm.device``; the GPU
-Spark assigned to the task when given), builds the communicator whose torch.distributed
-backend follows that device, builds the worker and hands it to the schedule the algorithm
-needs (:func:`schedule_for`):
+:func:`driver_for` picks the driver the algorithm needs:
 
 * :func:`run_steps` (step-driven, every algorithm whose workers take the same steps):
   E_overlap = ``plan.overlap_epochs`` passes over the worker's OWN shard, each of
@@ -38,7 +34,6 @@ import math
 from typing import Callable, Optional
 
 from .algorithms.base import RoundAlgorithm, is_round_driven
-from .watchdog import Watchdog
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -134,42 +129,7 @@ def _round_epoch(w: Worker, algo: RoundAlgorithm, epoch: int, total_rounds: int,
     return last_eval, last_ckpt
 
 
-# ---------------------------------------------------------------------------- entry point
-def schedule_for(algo) -> Callable[[Worker], dict]:
+# ---------------------------------------------------------------------------- which driver
+def driver_for(algo) -> Callable[[Worker], dict]:
     """``run_rounds`` for a round-driven algorithm, else ``run_steps``."""
     return run_rounds if is_round_driven(algo) else run_steps
-
-
-def worker_entry(cfg_json: str, backend: str, plan: dict, out_dir: str, ckpt_dir: str,
-                 assigned_gpu: Optional[int] = None) -> dict:
-    """What every worker process runs (Horovod-on-Spark task, torchrun process, local process).
-
-    ``assigned_gpu``: the GPU index Spark assigned to this task (``TaskContext.resources()["gpu"]``),
-    used instead of ``local_rank % device_count`` when the run is on CUDA.
-    """
-    import torch
-
-    from .comm import make_communicator
-    from .comm.device import current_device, device_kind
-    from .config import TrainConfig
-
-    cfg = TrainConfig.model_validate_json(cfg_json)
-    torch.set_num_threads(cfg.threads_per_worker)
-    kind = device_kind(cfg.device, torch.cuda.is_available())
-    comm = make_communicator(backend, bucket_bytes=int(cfg.bucket_mb * (1 << 20)), device_kind=kind)
-    # "local" runs a single worker inside the caller's process: never end that process
-    dog = Watchdog(cfg.stall_timeout if backend != "local" else 0, comm.rank)
-    w: Optional[Worker] = None
-    try:
-        device = current_device(cfg.device, comm.local_rank, assigned_gpu)
-        w = Worker(cfg, comm, plan, out_dir, ckpt_dir, device, watchdog=dog)
-        result = schedule_for(w.algo)(w)
-    except BaseException:
-        dog.failing()  # the cleanup below must not hang a failed worker (and with it the launch)
-        raise
-    finally:
-        if w is not None:
-            w.algo.close()
-        comm.shutdown()
-    dog.stop()
-    return result

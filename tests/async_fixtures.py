@@ -1,0 +1,92 @@
+"""Helpers of the asynchronous-algorithm tests: real worker processes joined by torch.distributed
+(gloo) on loopback, seeded vectors, and the checks of a run whose peer was killed.
+
+The worker functions run in spawned processes and return plain data; the tests assert in the
+parent against values computed there independently.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import time
+
+import numpy as np
+import pytest
+import torch
+
+DIM = 257
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _child(fn, rank, world, port, q, args):
+    try:
+        _init(rank, world, port)
+        q.put((rank, fn(rank, world, *args), None))
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        q.put((rank, None, f"{type(e).__name__}: {e}"))
+
+
+def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None = None) -> dict:
+    """Run fn(rank, world, *args) in ``world`` spawned processes; {rank: (result, error)} of those that reported."""
+    from pipeline.train.comm.ports import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, q, args), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    out, deadline = {}, time.time() + timeout
+    try:
+        while len(out) < (world if expect is None else expect):
+            rank, res, err = q.get(timeout=max(0.1, deadline - time.time()))
+            out[rank] = (res, err)
+    except queue_mod.Empty:
+        pytest.fail(f"processes hung: only ranks {sorted(out)} reported within {timeout} s")
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return out
+
+
+def results(out: dict) -> list:
+    """The results of every rank, in rank order; fails with every rank's error otherwise."""
+    errors = {r: err for r, (_, err) in out.items() if err is not None}
+    assert not errors, errors
+    return [out[r][0] for r in sorted(out)]
+
+
+def vector(rank: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(rank).normal(size=DIM) * (rank + 1) + 3 * rank)
+
+
+def gather(x: torch.Tensor, world: int) -> np.ndarray:
+    import torch.distributed as dist
+
+    xs = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(xs, x)
+    return torch.stack(xs).numpy()
+
+
+def survivors_failed_cleanly(out: dict, world: int, victim: int, outdir, seconds: float, limit: float) -> None:
+    """Every rank but the victim reported a PeerError naming its rank, within ``limit`` seconds,
+    and wrote nothing (the killed process could not remove its own temporary directory)."""
+    assert set(out) == set(range(world)) - {victim}
+    for rank, (res, err) in out.items():
+        assert res is None and err is not None, (rank, res)
+        assert "PeerError" in err and f"rank {rank}" in err, err
+    assert seconds < limit, seconds
+    left = [p.name for p in outdir.iterdir() if not p.name.startswith(f".rank{victim}.")]
+    assert left == [], left
