@@ -76,8 +76,9 @@ def task_slots(spark) -> int:
     cpus = max(1, int(conf.get("spark.task.cpus", "1")))
     m = _LOCAL.match(sc.master)
     if not m:   # what the scheduler would grant a barrier stage now (executor cores / task cpus, GPUs)
-        jsc = sc._jsc.sc()
-        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        from .pyspark_internals import max_concurrent_tasks
+
+        return max_concurrent_tasks(sc)
     cores = 1 if m.group(1) is None else (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
     return max(0, cores // cpus)
 
