@@ -16,7 +16,8 @@ setup: $(STAMP)
 services:
 	bash scripts/test_services.sh
 
-$(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh
+$(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup.sh scripts/build_horovod.sh \
+          scripts/spark_launchers.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 

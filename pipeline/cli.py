@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence, Type
 
-from .config import REQUIRED, StageConfig, config_fields, load_config
+from .config import REQUIRED, StageConfig, config_fields, load_config, mark_command_line
 from .errors import PipelineError
 
 log = logging.getLogger("pipeline")
@@ -81,6 +81,9 @@ def build_parser(prog: str, description: str, config_cls: Type[StageConfig],
                    help="override one config value (repeatable), e.g. --set train.epochs=3")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved config and planned inputs/outputs; do not start Spark")
+    if "spark" in config_cls.model_fields:
+        p.add_argument("--verbose", action="store_true",
+                       help="Spark's own INFO log lines too (same as --set spark.log_level=info)")
     g = p.add_argument_group("config values (each also settable with --set KEY=VALUE)")
     for dotted, default, desc in config_fields(config_cls):
         g.add_argument(f"--{dotted}", dest=f"cfg::{dotted}", default=None, metavar="V",
@@ -95,9 +98,12 @@ def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
             default_config: Optional[str] = None) -> int:
     """Parse args, build the config, then ``run(cfg)`` (or print ``plan(cfg)`` on --dry-run)."""
     setup_logging()
+    mark_command_line()
     parser = build_parser(prog, description, config_cls, default_config)
     args = parser.parse_args(list(argv) if argv is not None else None)
     overrides = list(args.overrides)
+    if getattr(args, "verbose", False):
+        overrides.append("spark.log_level=info")
     for k, v in vars(args).items():
         if k.startswith("cfg::") and v is not None:
             overrides.append(f"{k[5:]}={v}")

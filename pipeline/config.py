@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Type, TypeVar
+from typing import Any, Literal, Optional, Type, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +34,44 @@ class SparkConfig(BaseModel):
     driver_memory: str = Field("4g", description="driver memory when Spark is started from Python")
     shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings")
+    log_level: Literal["error", "warn", "info", "debug"] = Field(
+        "warn", description="Spark's own log level; info brings its start-up lines back (as the verbose flag does)")
+
+
+# ------------------------------------------------------------------------------------------
+# How the user reaches a config key: the entry point decides the spelling of an error's hint
+# ------------------------------------------------------------------------------------------
+_COMMAND_LINE = {"on": False}
+
+
+def mark_command_line() -> None:
+    """Called by the jobs' command line (``pipeline.cli.run_job``): hints name its options."""
+    _COMMAND_LINE["on"] = True
+
+
+def entry_point() -> str:
+    """How this process was started: ``airflow`` (a DAG task's spark-submit), ``spark-submit``,
+    ``command line`` (``python -m jobs.X`` or ``python jobs/X.py``) or ``python`` (the API)."""
+    if os.environ.get("AIRFLOW_CTX_DAG_ID"):
+        return "airflow"
+    if "PYSPARK_GATEWAY_PORT" in os.environ:   # set by spark-submit for the Python driver it starts
+        return "spark-submit"
+    return "command line" if _COMMAND_LINE["on"] else "python"
+
+
+def option_hint(key: str, value: Any) -> str:
+    """How to set config ``key`` to ``value`` from the entry point in use, for an error message:
+    ``--master local[4]`` under spark-submit, ``--spark.master local[4]`` from ``python -m``, the
+    DAG param under Airflow, ``SparkConfig(master='local[4]')`` from Python."""
+    how = entry_point()
+    if key == "spark.master":
+        return {"airflow": f"the DAG param spark_master={value}", "spark-submit": f"--master {value}",
+                "command line": f"--spark.master {value}"}.get(how, f"SparkConfig(master={value!r})")
+    if how == "airflow":
+        return f"the DAG param extra_sets {{<task>: [{key}={value}]}}"
+    if how == "python":
+        return f"{key}={value!r}"
+    return f"--{key} {value}"
 
 
 class StageConfig(BaseModel):
