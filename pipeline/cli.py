@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence, Type
 
-from .config import REQUIRED, StageConfig, config_fields, load_config, mark_command_line
+from .config import REQUIRED, StageConfig, command_line, config_fields, load_config
 from .errors import PipelineError
 
 log = logging.getLogger("pipeline")
@@ -95,10 +95,17 @@ def build_parser(prog: str, description: str, config_cls: Type[StageConfig],
 def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
             config_cls: Type[StageConfig], run: Callable[[Any], Any],
             plan: Optional[Callable[[Any], dict]] = None,
-            default_config: Optional[str] = None) -> int:
-    """Parse args, build the config, then ``run(cfg)`` (or print ``plan(cfg)`` on --dry-run)."""
+            default_config: Optional[str] = None,
+            summary: Optional[Callable[[Any, Any, float], str]] = None) -> int:
+    """Parse args, build the config, then ``run(cfg)`` (or print ``plan(cfg)`` on --dry-run).
+    The job ends with one line on stdout, ``SUMMARY <prog>: <summary(cfg, result, seconds)>``
+    (``pipeline.summaries``), and prints nothing after it."""
+    with command_line():
+        return _run_job(argv, prog, description, config_cls, run, plan, default_config, summary)
+
+
+def _run_job(argv, prog, description, config_cls, run, plan, default_config, summary) -> int:
     setup_logging()
-    mark_command_line()
     parser = build_parser(prog, description, config_cls, default_config)
     args = parser.parse_args(list(argv) if argv is not None else None)
     overrides = list(args.overrides)
@@ -116,8 +123,10 @@ def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
                 out["plan"] = plan(cfg)
             print(json.dumps(out, indent=2, default=str))
             return 0
-        run(cfg)
-        log.info("%s finished in %.1f s", prog, time.time() - t0)
+        result = run(cfg)
+        seconds = time.time() - t0
+        text = summary(cfg, result, seconds) if summary is not None else f"done in {seconds:.0f} s"
+        print(f"SUMMARY {prog}: {text}", flush=True)
         return 0
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -13,8 +13,9 @@ Stage-specific models live next to their stage (``pipeline/<stage>/...``) and su
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, Optional, Type, TypeVar
+from typing import Any, Iterator, Literal, Optional, Type, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,9 +45,14 @@ class SparkConfig(BaseModel):
 _COMMAND_LINE = {"on": False}
 
 
-def mark_command_line() -> None:
-    """Called by the jobs' command line (``pipeline.cli.run_job``): hints name its options."""
-    _COMMAND_LINE["on"] = True
+@contextmanager
+def command_line() -> Iterator[None]:
+    """Inside the block a job's command line (``pipeline.cli.run_job``) runs: hints name its options."""
+    before, _COMMAND_LINE["on"] = _COMMAND_LINE["on"], True
+    try:
+        yield
+    finally:
+        _COMMAND_LINE["on"] = before
 
 
 def entry_point() -> str:

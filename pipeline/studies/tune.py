@@ -354,8 +354,6 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
     summary = {"tune": cfg.name, "output": str(target if remote else out), "trials": total, "best": best,
                "best_config": str(remote.at("best_train.yaml") if remote else out / "best_train.yaml"),
                "seconds": round(time.time() - t0, 1)}
-    print(f"SUMMARY tune {cfg.name}: {total} trials ({cfg.sampler}), best {cfg.objective} "
-          f"{best['value']:.4f} with {json.dumps(best['params'])} -> {out / 'best_train.yaml'}", flush=True)
     return summary
 
 
