@@ -18,6 +18,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Callable, Optional, Sequence, Type
 
 from .config import REQUIRED, StageConfig, command_line, config_fields, load_config
@@ -26,7 +27,15 @@ from .errors import PipelineError
 log = logging.getLogger("pipeline")
 
 
+def quiet_exit() -> None:
+    """Nothing after a job's last line: at interpreter exit the XRootD client's handler
+    (``XRootD.client.finalize``) calls ``isinstance`` on every live object, and torch's deprecated
+    ``torch.distributed.reduce_op`` answers with a FutureWarning. That one warning is ignored."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"XRootD\.client\.finalize")
+
+
 def setup_logging(level: int = logging.INFO) -> None:
+    quiet_exit()
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
