@@ -21,7 +21,7 @@ import traceback
 import warnings
 from typing import Any, Callable, Optional, Sequence, Type
 
-from .config import REQUIRED, StageConfig, command_line, config_fields, load_config
+from .config import REQUIRED, StageConfig, command_line, config_fields, input_producer, load_config
 from .errors import PipelineError
 
 log = logging.getLogger("pipeline")
@@ -72,6 +72,15 @@ def root_cause(e: BaseException) -> str:
             if _EXC_LINE.match(line) and not line.startswith(("org.apache", "java.", "py4j")):
                 return line
     return (lines or [""])[0]
+
+
+_MISSING = ("not found", "matches no file")
+
+
+def _producer_hint(e: PipelineError, config: Optional[str]) -> str:
+    """For a missing input: which command writes it, as the config file's first lines say."""
+    made_by = input_producer(config) if any(m in str(e) for m in _MISSING) else None
+    return f" (the input of {config} is written by `{made_by}`)" if made_by else ""
 
 
 def _fmt_default(v: Any) -> str:
@@ -138,7 +147,7 @@ def _run_job(argv, prog, description, config_cls, run, plan, default_config, sum
         print(f"SUMMARY {prog}: {text}", flush=True)
         return 0
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}{_producer_hint(e, args.config)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -13,6 +13,7 @@ Stage-specific models live next to their stage (``pipeline/<stage>/...``) and su
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional, Type, TypeVar
@@ -124,6 +125,23 @@ def read_yaml(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level")
     return data
+
+
+_PRODUCER = re.compile(r"written by `([^`]+)`")
+
+
+def input_producer(path: str | os.PathLike | None) -> Optional[str]:
+    """The command that writes a config file's input, as its leading comment says
+    (``# Input: runs/hep/shards, written by `make run`.``); None when it says none."""
+    if not path or not Path(path).is_file():
+        return None
+    for line in Path(path).read_text().splitlines():
+        if not line.startswith("#"):
+            return None
+        m = _PRODUCER.search(line)
+        if m:
+            return m.group(1)
+    return None
 
 
 def format_validation_error(err: ValidationError, cls: type) -> str:

@@ -165,10 +165,10 @@ def _dry_run_inputs(name: str, request) -> list[str]:
     """``--set`` values pointing a job's dry run at inputs that exist."""
     if name == "train":
         return ["--set", f"manifest={request.getfixturevalue('tiny_shards') / 'manifest.json'}",
-                "--set", "batch_size=8"]
+                "--set", "batch_size=8", "--set", "model=lenet5"]
     if name == "shard":
         return ["--set", f"input={request.getfixturevalue('tiny_shards').parent / 'dataset'}"]
-    if name == "features":
+    if name in ("features", "ingest_root"):    # their defaults read what `make run` writes
         return ["--set", "input=samples:delphes.root"]
     if name == "report":  # a training output dir: metrics.jsonl records as jobs/train.py writes them
         run = request.getfixturevalue("tmp_path_factory").mktemp("report_input") / "train"
