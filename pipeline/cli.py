@@ -78,9 +78,10 @@ _MISSING = ("not found", "matches no file")
 
 
 def _producer_hint(e: PipelineError, config: Optional[str]) -> str:
-    """For a missing input: which command writes it, as the config file's first lines say."""
-    made_by = input_producer(config) if any(m in str(e) for m in _MISSING) else None
-    return f" (the input of {config} is written by `{made_by}`)" if made_by else ""
+    """For the config file's own input gone missing: the command that writes it, as the file's
+    first lines say (not for an input the user pointed elsewhere)."""
+    found = input_producer(config) if any(m in str(e) for m in _MISSING) else None
+    return f" (the input of {config}, {found[0]}, is written by `{found[1]}`)" if found and found[0] in str(e) else ""
 
 
 def _fmt_default(v: Any) -> str:

@@ -127,11 +127,11 @@ def read_yaml(path: str | os.PathLike) -> dict:
     return data
 
 
-_PRODUCER = re.compile(r"written by `([^`]+)`")
+_PRODUCER = re.compile(r"Input: ([^\s,(]+).*?written by `([^`]+)`")
 
 
-def input_producer(path: str | os.PathLike | None) -> Optional[str]:
-    """The command that writes a config file's input, as its leading comment says
+def input_producer(path: str | os.PathLike | None) -> Optional[tuple[str, str]]:
+    """(input path, the command that writes it) as a config file's leading comment says
     (``# Input: runs/hep/shards, written by `make run`.``); None when it says none."""
     if not path or not Path(path).is_file():
         return None
@@ -140,7 +140,7 @@ def input_producer(path: str | os.PathLike | None) -> Optional[str]:
             return None
         m = _PRODUCER.search(line)
         if m:
-            return m.group(1)
+            return m.group(1), m.group(2)
     return None
 
 
