@@ -21,14 +21,16 @@ $(STAMP): requirements.txt requirements-airflow.txt pyproject.toml scripts/setup
 	bash scripts/setup.sh
 	touch $(STAMP)
 
-## make run: the main job (the HEP pipeline) end to end on local Spark
+## make run: the main job (the HEP pipeline) end to end on local Spark; ARGS: more job options,
+## e.g. make run ARGS="--set train.epochs=10" (or --verbose, --dry-run)
+ARGS    ?=
 run: run-hep
 
 run-hep: setup
-	$(SUBMIT) jobs/run_hep.py --config configs/run_hep.yaml
+	$(SUBMIT) jobs/run_hep.py --config configs/run_hep.yaml $(ARGS)
 
 run-images: setup
-	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml
+	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml $(ARGS)
 
 ## make test: the whole suite (CI); make test-fast: without the slow, e2e and cluster tiers
 test: setup services
