@@ -53,11 +53,18 @@ def sh(command: Union[str, Sequence[str]], *, cwd: Union[str, Path] = REPO, env:
        timeout: float = 600, merged: bool = False) -> subprocess.CompletedProcess:
     """Run ``command`` (a shell line through ``bash -c``, or an argv list) with a clean environment.
     ``merged``: stderr into stdout, in the order a terminal shows them (under spark-submit the
-    Python driver's stderr reaches the user through the JVM's stdout anyway)."""
+    Python driver's stderr reaches the user through the JVM's stdout anyway). Output is decoded
+    without newline translation, so carriage returns stay visible."""
     args = ["bash", "-c", command] if isinstance(command, str) else list(command)
-    return subprocess.run(args, cwd=str(cwd), env=env if env is not None else clean_env(), text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT if merged else subprocess.PIPE)
+    r = subprocess.run(args, cwd=str(cwd), env=env if env is not None else clean_env(), timeout=timeout,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT if merged else subprocess.PIPE)
+    # decoded without newline translation: a carriage return stays visible
+    return subprocess.CompletedProcess(r.args, r.returncode, _text(r.stdout), _text(r.stderr))
+
+
+def _text(data: Optional[bytes]) -> str:
+    return data.decode("utf-8", errors="replace") if data else ""
 
 
 def lines(text: str) -> list[str]:

@@ -100,7 +100,22 @@ def test_without_a_relay_rank_0_prints_whole_lines(tmp_path):
     """A worker started without the driver's channel (TorchDistributor's executors) prints the same
     whole lines itself, never carriage returns, when its output is not a terminal."""
     r = subprocess.run([sys.executable, "-c", _SENDER.replace("0.15", "0.01")], cwd=REPO, env=clean_env(),
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "\r" not in r.stderr and "[train] epoch 1/1: 6/6 steps" in r.stderr, r.stderr
-    assert r.stderr.splitlines()[-1] == "[train] step 6 epoch 1.00 val loss 0.5000 acc 0.7500"
+                       capture_output=True, timeout=120)
+    err = r.stderr.decode(errors="replace")   # carriage returns kept
+    assert r.returncode == 0, err
+    assert "\r" not in err and "[train] epoch 1/1: 6/6 steps" in err, err
+    assert err.splitlines()[-1] == "[train] step 6 epoch 1.00 val loss 0.5000 acc 0.7500"
+
+
+@pytest.mark.slow
+def test_the_simulation_progress_is_whole_lines_in_a_log(tmp_path):
+    """The driver's count of generated events (simulate), written to a pipe: whole lines, the last
+    one at the total."""
+    r = subprocess.run([str(VENV_BIN / "python"), "-m", "jobs.simulate", "--spark.master", "local[2]",
+                        "--set", "processes=[ttbar]", "--set", "events=40", "--set", "events_per_file=20",
+                        "--set", f"output={tmp_path / 'sim'}"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                       timeout=600)
+    out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")   # carriage returns kept
+    assert r.returncode == 0, err[-3000:]
+    assert "\r" not in out + err, [ln for ln in err.split("\n") if "\r" in ln][:2]
+    assert re.search(r"^simulate: 40/40 ev, [\d.]+ ev/s$", err, re.M), err[-2000:]

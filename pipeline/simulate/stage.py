@@ -6,7 +6,7 @@ writes exactly one ROOT file ``<output>/<p>/<p>_<i:04d>.root``. Tasks of differe
 interleaved and each is one Spark partition, so the stage scales with executors and a task's
 events do not depend on which executor ran it or how many ran beside it.
 
-Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a tqdm bar of
+Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a progress bar of
 generated events, fed by a Spark accumulator that each finished task adds its events to.
 Output: written into ``atomic_output_dir(output)`` (executors write into its temporary
 directory, so on a cluster the output must be on a file system every executor sees), plus the
@@ -144,9 +144,9 @@ def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, out_dir: str) -
     th.start()
     bar = None
     if cfg.progress:
-        from tqdm.auto import tqdm
+        from ..progress import Bar   # a bar on a terminal, whole lines otherwise
 
-        bar = tqdm(total=total, unit="ev", desc="simulate", smoothing=0.1)
+        bar = Bar(total, "simulate", unit="ev")
     try:
         while th.is_alive():
             th.join(0.5)

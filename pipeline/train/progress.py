@@ -17,69 +17,15 @@ import json
 import os
 import secrets
 import socket
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional, TextIO
 
+from ..progress import INTERVAL_S, Display
+
 ENV = "PIPELINE_PROGRESS"
-INTERVAL_S = 30.0           # a progress line at most this often when the output is not a terminal
 _SEND_EVERY_S = 0.5         # a worker reports its count at most this often (and at the end of a bar)
-
-
-class Display:
-    """What the user sees: a tqdm bar on a terminal, else ``[train] <desc>: n/total steps`` lines
-    at most every ``interval_s`` (and when a bar completes); other lines printed as they are."""
-
-    def __init__(self, stream: Optional[TextIO] = None, interval_s: float = INTERVAL_S,
-                 tty: Optional[bool] = None) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.interval_s = interval_s
-        self.lock = threading.Lock()
-        self.bar = None
-        self.desc, self.t0, self.n0, self.last, self.done = None, 0.0, 0, 0.0, False
-
-    def progress(self, desc: str, n: int, total: int) -> None:
-        with self.lock:
-            now = time.monotonic()
-            if desc != self.desc:
-                self._close_bar()
-                self.desc, self.t0, self.n0, self.last, self.done = desc, now, n, now, False
-            if self.tty:
-                self._draw(desc, n, total)
-            elif now - self.last >= self.interval_s or (n >= total and not self.done):
-                unit = " rounds" if desc == "rounds" else " steps"
-                rate = (n - self.n0) / (now - self.t0) if now > self.t0 else 0.0
-                pct = f" ({100 * n / total:.0f}%)" if total and n < total else ""
-                print(f"[train] {desc}: {n}/{total}{'' if desc == 'rounds' else unit}{pct}, {rate:.1f}{unit}/s",
-                      file=self.stream, flush=True)
-                self.last, self.done = now, n >= total
-
-    def _draw(self, desc: str, n: int, total: int) -> None:
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=n, desc=desc, file=self.stream, leave=False, dynamic_ncols=True)
-        self.bar.total = total
-        self.bar.update(n - self.bar.n)
-
-    def _close_bar(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def line(self, text: str) -> None:
-        with self.lock:
-            if self.bar is not None:
-                self.bar.write(text, file=self.stream)
-            else:
-                print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        with self.lock:
-            self._close_bar()
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -99,7 +45,7 @@ def relay(enabled: bool, host: str = "127.0.0.1", stream: Optional[TextIO] = Non
         return
     token = secrets.token_hex(16)
     env = {ENV: f"{host}:{server.getsockname()[1]}:{token}"}
-    display = Display(stream, interval_s)
+    display = Display(stream, interval_s, prefix="[train] ")
     before = os.environ.get(ENV)
     os.environ.update(env)
     threading.Thread(target=_accept, args=(server, token, display), name="progress-relay", daemon=True).start()
@@ -113,6 +59,10 @@ def relay(enabled: bool, host: str = "127.0.0.1", stream: Optional[TextIO] = Non
         time.sleep(0.1)           # the last lines of a worker that just finished
         server.close()
         display.close()
+
+
+def _unit(desc: str) -> str:
+    return "rounds" if desc == "rounds" else "steps"
 
 
 def worker_env() -> dict:
@@ -140,7 +90,7 @@ def _serve(conn: socket.socket, token: str, display: Display) -> None:
                 if "line" in msg:
                     display.line(str(msg["line"]))
                 else:
-                    display.progress(str(msg["desc"]), int(msg["n"]), int(msg["total"]))
+                    display.progress(str(msg["desc"]), int(msg["n"]), int(msg["total"]), _unit(str(msg["desc"])))
         except (OSError, ValueError, KeyError):
             return
 
@@ -162,19 +112,19 @@ class _Sink:
             except (OSError, ValueError):
                 self.sock = None
         if self.sock is None:
-            self.local = Display()
+            self.local = Display(prefix="[train] ")
 
     def _send(self, msg: dict) -> None:
         try:
             self.sock.sendall((json.dumps(msg) + "\n").encode())
         except OSError:
-            self.sock, self.local = None, Display()
+            self.sock, self.local = None, Display(prefix="[train] ")
 
     def progress(self, desc: str, n: int, total: int) -> None:
         if self.sock is not None:
             self._send({"desc": desc, "n": n, "total": total})
         if self.local is not None:
-            self.local.progress(desc, n, total)
+            self.local.progress(desc, n, total, _unit(desc))
 
     def line(self, text: str) -> None:
         if self.sock is not None:
