@@ -47,6 +47,20 @@ def test_spark_logs_at_warn_and_verbose_brings_info_back(how, verbose, tmp_path)
     assert (out / "_ingest.json").is_file()
 
 
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_a_make_target_logs_at_warn_and_verbose_brings_info_back(verbose, tmp_path):
+    """``make run-images`` with a small run in ``ARGS``: the Makefile's spark-submit."""
+    args = (f"--set ingest.source=sklearn_digits --set ingest.limit=150 --set workers=1 --set train.launcher=local "
+            f"--set train.epochs=1 --set train.progress=false --set output_root={tmp_path / 'run'}"
+            + (" --verbose" if verbose else ""))
+    r = sh(["make", "run-images", f"ARGS={args}"], cwd=REPO, timeout=600, merged=True)
+    assert r.returncode == 0, r.stdout[-3000:]
+    info = spark_info_lines(r.stdout)
+    assert (len(info) >= 5) if verbose else (info == []), info[:3]
+    ours = [ln for ln in lines(r.stdout) if ln not in info]   # verbose: Spark's shutdown lines may follow
+    assert ours[-1].startswith("SUMMARY run_images: "), ours[-3:]
+
+
 # ------------------------------------------------------------------ executors without the dependencies
 def _without_pyarrow(python: Optional[str]) -> Optional[str]:
     """``python``'s own path (``sys.executable``) when it is of this minor version and lacks pyarrow."""

@@ -192,8 +192,11 @@ def _run_as_written(command: str, work: Path) -> None:
     except subprocess.TimeoutExpired:
         pytest.fail(f"`{command}` ran over {RUN_LIMIT_S} s: list it in DRY_RUN with the reason")
     out = lines(r.stdout)
+    tool = command.split()[0]
+    hint = (f"; in a new shell `{tool}` is not the virtualenv's: write `.venv/bin/{tool}`"
+            if tool in ("python", "python3", "spark-submit", "pytest", "mlflow", "airflow") else "")
     assert r.returncode == 0, (f"`{command}` exits {r.returncode} in a new shell without the virtualenv activated "
-                               f"(fix the page or list the command):\n" + "\n".join(out[-15:]))
+                               f"(fix the page or list the command{hint}):\n" + "\n".join(out[-15:]))
     job = _JOB.search(command)
     if job and "--dry-run" not in command and "--help" not in command:
         name = job.group(1)
