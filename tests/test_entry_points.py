@@ -19,7 +19,7 @@ from typing import Optional
 
 import pytest
 
-from shell_fixtures import REPO, VENV_BIN, clean_env, lines, sh, spark_info_lines
+from shell_fixtures import REPO, VENV_BIN, activated_env, clean_env, lines, sh, spark_info_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -45,6 +45,25 @@ def test_spark_logs_at_warn_and_verbose_brings_info_back(how, verbose, tmp_path)
     else:
         assert info == [], f"{len(info)} Spark INFO lines, e.g. {info[:3]}"
     assert (out / "_ingest.json").is_file()
+
+
+@pytest.mark.parametrize("command,activated", [
+    (".venv/bin/spark-submit jobs/train.py --config configs/train.yaml --dry-run", False),
+    (".venv/bin/spark-submit jobs/train.py --config configs/train.yaml --dry-run", True),
+    ("spark-submit jobs/train.py --config configs/train.yaml --dry-run", True),
+    (".venv/bin/python -m jobs.train --config configs/train.yaml --dry-run", False),
+    ("python -m jobs.train --config configs/train.yaml --dry-run", True),
+], ids=["venv spark-submit", "venv spark-submit, activated", "spark-submit, activated", "venv python",
+        "python, activated"])
+def test_the_virtualenv_launchers_with_and_without_activation(command, activated, tmp_path):
+    """The same job from a new shell, with the virtualenv activated or not: the configuration resolves
+    (its input is checked: a missing manifest is one line naming ``make run``)."""
+    for name in (".venv", "jobs", "configs"):   # a checkout without runs/
+        (tmp_path / name).symlink_to(REPO / name)
+    r = sh(command, cwd=tmp_path, env=activated_env() if activated else clean_env(), timeout=300, merged=True)
+    last = lines(r.stdout)[-1]
+    assert r.returncode == 2 and last.startswith("error: shard manifest not found") and "`make run`" in last, \
+        r.stdout[-2000:]
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
