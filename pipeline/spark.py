@@ -90,7 +90,10 @@ def check_executor_python(spark) -> None:
     one of :data:`EXECUTOR_MODULES` (or cannot start). It names ``PYSPARK_PYTHON`` and the
     interpreter found. One tiny Spark job per application (a success is remembered), run at the
     first stage or data-source call, so a worker never fails later with a ``ModuleNotFoundError``."""
-    sc = spark.sparkContext
+    try:
+        sc = spark.sparkContext
+    except Exception:  # noqa: BLE001 - a Spark Connect session: its server runs the Python, not checked here
+        return
     app = sc.applicationId
     if app in _CHECKED_APPS:
         return

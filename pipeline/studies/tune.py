@@ -419,7 +419,7 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[Remot
     doc = train_cfg.model_copy(update={"output": str(best_out)}).model_dump(mode="json", exclude={"spark"})
     header = (f"# Best of tuning run {cfg.name}: trial {b.number}, {cfg.objective} = {b.value:.6g} "
               f"({cfg.direction}); parameters {json.dumps(b.params)}\n"
-              f"# Train it with: python -m jobs.train --config {out / 'best_train.yaml'}\n")
+              f"# Train it with: .venv/bin/python -m jobs.train --config {out / 'best_train.yaml'}\n")
     tmp = out / ".best_train.yaml.tmp"
     tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))
     tmp.replace(out / "best_train.yaml")
