@@ -16,7 +16,8 @@ setup: $(STAMP)
 services:
 	bash scripts/test_services.sh
 
-$(STAMP): requirements.txt requirements-airflow.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/venv.sh scripts/build_horovod.sh
+$(STAMP): requirements.txt requirements-airflow.txt requirements-nodeps.txt pyproject.toml scripts/setup.sh scripts/venv.sh \
+          scripts/build_horovod.sh scripts/spark_launchers.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -30,14 +31,16 @@ $(STAMP_CURRENT): requirements-current.txt requirements-nodeps.txt pyproject.tom
 	VENV_CURRENT=$(VENV_CURRENT) bash scripts/setup_current.sh
 	touch $(STAMP_CURRENT)
 
-## make run: the main job (the HEP pipeline) end to end on local Spark
+## make run: the main job (the HEP pipeline) end to end on local Spark; ARGS: more job options,
+## e.g. make run ARGS="--set train.epochs=10" (or --verbose, --dry-run)
+ARGS    ?=
 run: run-hep
 
 run-hep: setup
-	$(SUBMIT) jobs/run_hep.py --config configs/run_hep.yaml
+	$(SUBMIT) jobs/run_hep.py --config configs/run_hep.yaml $(ARGS)
 
 run-images: setup
-	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml
+	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml $(ARGS)
 
 ## make test: the whole suite (CI, design-card environment); make test-fast: without the slow, e2e and cluster tiers
 test: setup services

@@ -1,6 +1,7 @@
 """images_pipeline: ingest images -> shard -> train -> report, one spark-submit per stage.
 
-Wiring only: each task runs ``jobs/<job>.py`` with ``configs/<job>.yaml`` and the run-scoped
+Wiring only: each task runs ``jobs/<job>.py`` with ``configs/<job>.yaml`` (the training:
+``configs/train/lenet5.yaml``) and the run-scoped
 paths below (``<output_root>/images_pipeline/<logical date>/<artefact>``); settings and param
 defaults come from ``configs/dag_images.yaml``. See ``spark_jobs.py`` and docs/airflow.md.
 """
@@ -47,6 +48,7 @@ with DAG(
     train = job_task("train", {"manifest": P["shards"] + "/manifest.json", "output": P["train"],
                                "workers": "{{ params.workers }}", "model": "{{ params.model }}",
                                "algorithm.name": "{{ params.algorithm }}",
-                               "resume": "auto"}, S, retries="train")  # a retry continues from the run's checkpoints
+                               "resume": "auto"}, S, retries="train",  # a retry continues from the run's checkpoints
+                     config="train/lenet5")                              # LeNet-5's training setup
     report = job_task("report", {"runs": [P["train"]], "output": P["report"] + "/learning_curves.png"}, S)
     ingest >> shard >> train >> report

@@ -104,11 +104,12 @@ class DagSettings:
                 "retry_exponential_backoff": r.backoff, "max_retry_delay": timedelta(seconds=r.max_delay_s)}
 
 
-def job_args(job: str, sets: Mapping[str, Any], cfg_dir: Optional[Path] = None) -> list[str]:
-    """``--config <dir>/<job>.yaml --set spark.master=... --set k=v ...`` (templated strings).
-    Values that are lists are passed as YAML flow lists (``k=[a, b]``)."""
+def job_args(job: str, sets: Mapping[str, Any], cfg_dir: Optional[Path] = None,
+             config: Optional[str] = None) -> list[str]:
+    """``--config <dir>/<config or job>.yaml --set spark.master=... --set k=v ...`` (templated
+    strings). Values that are lists are passed as YAML flow lists (``k=[a, b]``)."""
     cfg_dir = cfg_dir or config_dir()
-    cfg = cfg_dir / f"{job}.yaml"
+    cfg = cfg_dir / f"{config or job}.yaml"
     args = ["--config", str(cfg)] if cfg.is_file() else []  # no file: the job's own defaults
     args += ["--set", "spark.master={{ params.spark_master or 'null' }}"]
     for k, v in sets.items():
@@ -134,14 +135,14 @@ class PipelineJobOperator(SparkSubmitOperator):
     ``extra_sets`` DAG param of this task appended at execution time."""
 
     def __init__(self, *, job: str, sets: Mapping[str, Any], settings: DagSettings,
-                 conf: Optional[dict] = None, **kwargs: Any) -> None:
+                 conf: Optional[dict] = None, config: Optional[str] = None, **kwargs: Any) -> None:
         task_id = kwargs.setdefault("task_id", job)
         merged_conf = dict(settings.spark_conf.get("all", {}))
         merged_conf.update(settings.spark_conf.get(task_id, {}))
         merged_conf.update(conf or {})
         super().__init__(
             application=str(REPO / "jobs" / f"{job}.py"),
-            application_args=job_args(job, sets),
+            application_args=job_args(job, sets, config=config),
             conn_id=settings.conn_id,
             conf=merged_conf,
             name=f"{settings.dag_id}.{task_id}",
@@ -159,7 +160,8 @@ class PipelineJobOperator(SparkSubmitOperator):
 def job_task(job: str, sets: Mapping[str, Any], settings: DagSettings, *, retries: Optional[str] = None,
              task_id: Optional[str] = None, **kwargs: Any) -> PipelineJobOperator:
     """One stage as a task; ``retries="ingest"`` / ``"train"`` adds that group's retries with
-    exponential back-off (the other tasks fail at once)."""
+    exponential back-off (the other tasks fail at once); ``config="train/lenet5"`` runs the job with
+    ``configs/train/lenet5.yaml`` instead of ``configs/<job>.yaml``."""
     if retries:
         for k, v in settings.retry_kwargs(retries).items():
             kwargs.setdefault(k, v)

@@ -4,13 +4,14 @@ baseline cell), plots and MLflow tracking. Studies live in configs/experiments/*
 import sys
 
 from pipeline.cli import run_job
+from pipeline.summaries import experiment as summary_line
 from pipeline.studies.runner import dry_run, run_study
 from pipeline.studies.spec import StudyConfig
 
 
 def main(argv=None) -> int:
     return run_job(argv, prog="experiment", description=__doc__, config_cls=StudyConfig, run=run_study,
-                   plan=dry_run, default_config=None)
+                   plan=dry_run, default_config=None, summary=summary_line)
 
 
 if __name__ == "__main__":

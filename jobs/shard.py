@@ -4,12 +4,13 @@ layout), the eval splits, and manifest.json, written in one Spark pass."""
 import sys
 
 from pipeline.cli import run_job
+from pipeline.summaries import shard as summary_line
 from pipeline.shards.materialize import ShardConfig, plan_shard, shard
 
 
 def main(argv=None) -> int:
     return run_job(argv, prog="shard", description=__doc__, config_cls=ShardConfig, run=shard,
-                   plan=plan_shard, default_config=None)
+                   plan=plan_shard, default_config=None, summary=summary_line)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ test accuracy. With --tracking.enabled true the run is also logged to MLflow (do
 import sys
 
 from pipeline.cli import run_job
+from pipeline.summaries import train as summary_line
 from pipeline.train.config import TrainConfig
 from pipeline.studies.tracking import train_and_track
 from pipeline.train.launch import plan_train
@@ -13,7 +14,7 @@ from pipeline.train.launch import plan_train
 
 def main(argv=None) -> int:
     return run_job(argv, prog="train", description=__doc__, config_cls=TrainConfig, run=train_and_track,
-                   plan=plan_train, default_config=None)
+                   plan=plan_train, default_config=None, summary=summary_line)
 
 
 if __name__ == "__main__":

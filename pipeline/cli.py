@@ -18,15 +18,24 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Callable, Optional, Sequence, Type
 
-from .config import REQUIRED, StageConfig, config_fields, load_config
+from .config import REQUIRED, StageConfig, command_line, config_fields, input_producer, load_config
 from .errors import PipelineError
 
 log = logging.getLogger("pipeline")
 
 
+def quiet_exit() -> None:
+    """Nothing after a job's last line: at interpreter exit the XRootD client's handler
+    (``XRootD.client.finalize``) calls ``isinstance`` on every live object, and torch's deprecated
+    ``torch.distributed.reduce_op`` answers with a FutureWarning. That one warning is ignored."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"XRootD\.client\.finalize")
+
+
 def setup_logging(level: int = logging.INFO) -> None:
+    quiet_exit()
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -65,6 +74,16 @@ def root_cause(e: BaseException) -> str:
     return (lines or [""])[0]
 
 
+_MISSING = ("not found", "matches no file")
+
+
+def _producer_hint(e: PipelineError, config: Optional[str]) -> str:
+    """For the config file's own input gone missing: the command that writes it, as the file's
+    first lines say (not for an input the user pointed elsewhere)."""
+    found = input_producer(config) if any(m in str(e) for m in _MISSING) else None
+    return f" (the input of {config}, {found[0]}, is written by `{found[1]}`)" if found and found[0] in str(e) else ""
+
+
 def _fmt_default(v: Any) -> str:
     if isinstance(v, (dict, list)):
         return json.dumps(v)
@@ -81,6 +100,9 @@ def build_parser(prog: str, description: str, config_cls: Type[StageConfig],
                    help="override one config value (repeatable), e.g. --set train.epochs=3")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved config and planned inputs/outputs; do not start Spark")
+    if "spark" in config_cls.model_fields:
+        p.add_argument("--verbose", action="store_true",
+                       help="Spark's own INFO log lines too (same as --set spark.log_level=info)")
     g = p.add_argument_group("config values (each also settable with --set KEY=VALUE)")
     for dotted, default, desc in config_fields(config_cls):
         g.add_argument(f"--{dotted}", dest=f"cfg::{dotted}", default=None, metavar="V",
@@ -92,12 +114,22 @@ def build_parser(prog: str, description: str, config_cls: Type[StageConfig],
 def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
             config_cls: Type[StageConfig], run: Callable[[Any], Any],
             plan: Optional[Callable[[Any], dict]] = None,
-            default_config: Optional[str] = None) -> int:
-    """Parse args, build the config, then ``run(cfg)`` (or print ``plan(cfg)`` on --dry-run)."""
+            default_config: Optional[str] = None,
+            summary: Optional[Callable[[Any, Any, float], str]] = None) -> int:
+    """Parse args, build the config, then ``run(cfg)`` (or print ``plan(cfg)`` on --dry-run).
+    The job ends with one line on stdout, ``SUMMARY <prog>: <summary(cfg, result, seconds)>``
+    (``pipeline.summaries``), and prints nothing after it."""
+    with command_line():
+        return _run_job(argv, prog, description, config_cls, run, plan, default_config, summary)
+
+
+def _run_job(argv, prog, description, config_cls, run, plan, default_config, summary) -> int:
     setup_logging()
     parser = build_parser(prog, description, config_cls, default_config)
     args = parser.parse_args(list(argv) if argv is not None else None)
     overrides = list(args.overrides)
+    if getattr(args, "verbose", False):
+        overrides.append("spark.log_level=info")
     for k, v in vars(args).items():
         if k.startswith("cfg::") and v is not None:
             overrides.append(f"{k[5:]}={v}")
@@ -110,11 +142,13 @@ def run_job(argv: Optional[Sequence[str]], *, prog: str, description: str,
                 out["plan"] = plan(cfg)
             print(json.dumps(out, indent=2, default=str))
             return 0
-        run(cfg)
-        log.info("%s finished in %.1f s", prog, time.time() - t0)
+        result = run(cfg)
+        seconds = time.time() - t0
+        text = summary(cfg, result, seconds) if summary is not None else f"done in {seconds:.0f} s"
+        print(f"SUMMARY {prog}: {text}", flush=True)
         return 0
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}{_producer_hint(e, args.config)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

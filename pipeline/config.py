@@ -13,8 +13,10 @@ Stage-specific models live next to their stage (``pipeline/<stage>/...``) and su
 from __future__ import annotations
 
 import os
+import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Type, TypeVar
+from typing import Any, Iterator, Literal, Optional, Type, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +36,49 @@ class SparkConfig(BaseModel):
     driver_memory: str = Field("4g", description="driver memory when Spark is started from Python")
     shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings")
+    log_level: Literal["error", "warn", "info", "debug"] = Field(
+        "warn", description="Spark's own log level; info brings its start-up lines back (as the verbose flag does)")
+
+
+# ------------------------------------------------------------------------------------------
+# How the user reaches a config key: the entry point decides the spelling of an error's hint
+# ------------------------------------------------------------------------------------------
+_COMMAND_LINE = {"on": False}
+
+
+@contextmanager
+def command_line() -> Iterator[None]:
+    """Inside the block a job's command line (``pipeline.cli.run_job``) runs: hints name its options."""
+    before, _COMMAND_LINE["on"] = _COMMAND_LINE["on"], True
+    try:
+        yield
+    finally:
+        _COMMAND_LINE["on"] = before
+
+
+def entry_point() -> str:
+    """How this process was started: ``airflow`` (a DAG task's spark-submit), ``spark-submit``,
+    ``command line`` (``python -m jobs.X`` or ``python jobs/X.py``) or ``python`` (the API)."""
+    if os.environ.get("AIRFLOW_CTX_DAG_ID"):
+        return "airflow"
+    if "PYSPARK_GATEWAY_PORT" in os.environ:   # set by spark-submit for the Python driver it starts
+        return "spark-submit"
+    return "command line" if _COMMAND_LINE["on"] else "python"
+
+
+def option_hint(key: str, value: Any) -> str:
+    """How to set config ``key`` to ``value`` from the entry point in use, for an error message:
+    ``--master local[4]`` under spark-submit, ``--spark.master local[4]`` from ``python -m``, the
+    DAG param under Airflow, ``SparkConfig(master='local[4]')`` from Python."""
+    how = entry_point()
+    if key == "spark.master":
+        return {"airflow": f"the DAG param spark_master={value}", "spark-submit": f"--master {value}",
+                "command line": f"--spark.master {value}"}.get(how, f"SparkConfig(master={value!r})")
+    if how == "airflow":
+        return f"the DAG param extra_sets {{<task>: [{key}={value}]}}"
+    if how == "python":
+        return f"{key}={value!r}"
+    return f"--{key} {value}"
 
 
 class StageConfig(BaseModel):
@@ -80,6 +125,23 @@ def read_yaml(path: str | os.PathLike) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping at the top level")
     return data
+
+
+_PRODUCER = re.compile(r"Input: ([^\s,(]+).*?written by `([^`]+)`")
+
+
+def input_producer(path: str | os.PathLike | None) -> Optional[tuple[str, str]]:
+    """(input path, the command that writes it) as a config file's leading comment says
+    (``# Input: runs/hep/shards, written by `make run`.``); None when it says none."""
+    if not path or not Path(path).is_file():
+        return None
+    for line in Path(path).read_text().splitlines():
+        if not line.startswith("#"):
+            return None
+        m = _PRODUCER.search(line)
+        if m:
+            return m.group(1), m.group(2)
+    return None
 
 
 def format_validation_error(err: ValidationError, cls: type) -> str:

@@ -4,12 +4,18 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Optional
 
-from .config import SparkConfig
+from .config import SparkConfig, option_hint
 from .errors import ConfigError
 
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,(\d+))?\])?$")
+#: Spark's logging from the start of a JVM that get_spark starts (spark-submit's JVM reads it from
+#: the virtualenv's Spark conf/, see scripts/spark_launchers.sh)
+LOG4J_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "log4j2.properties"
+#: what every Python task of the pipeline imports on the executors
+EXECUTOR_MODULES = ("numpy", "pandas", "pyarrow", "pipeline")
 
 
 def _launched_by_spark_submit() -> bool:
@@ -35,13 +41,15 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
     ``cfg.master`` is set explicitly. From plain Python the default is ``local[*]``.
     A local master started here gets at least ``min_task_slots`` task slots (training starts
     one task per worker, all at once). Executors use this interpreter (``PYSPARK_PYTHON``) so
-    the virtualenv is shared.
+    the virtualenv is shared; :func:`check_executor_python` checks that they can. Spark logs at
+    ``cfg.log_level`` (WARN by default) from the start of a JVM started here.
     """
     from pyspark.sql import SparkSession
 
     cfg = cfg or SparkConfig()
     active = SparkSession.getActiveSession()
     if active is not None:
+        check_executor_python(active)
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -60,12 +68,62 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
     }
     if not _launched_by_spark_submit():
         settings["spark.driver.memory"] = cfg.driver_memory
+    settings["spark.log.level"] = cfg.log_level.upper()   # applied when the SparkContext starts
     settings.update(cfg.conf)
+    if not _launched_by_spark_submit() and LOG4J_CONFIG.is_file():
+        java = settings.get("spark.driver.extraJavaOptions", "")
+        if "log4j2.configurationFile" not in java:
+            settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {java}".strip()
     for k, v in settings.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(cfg.log_level.upper())
+    check_executor_python(spark)
     return spark
+
+
+_CHECKED_APPS: set[str] = set()
+
+
+def check_executor_python(spark) -> None:
+    """ConfigError, one line, when the executors' Python cannot run the pipeline's tasks: it lacks
+    one of :data:`EXECUTOR_MODULES` (or cannot start). It names ``PYSPARK_PYTHON`` and the
+    interpreter found. One tiny Spark job per application (a success is remembered), run at the
+    first stage or data-source call, so a worker never fails later with a ``ModuleNotFoundError``."""
+    try:
+        sc = spark.sparkContext
+    except Exception:  # noqa: BLE001 - a Spark Connect session: its server runs the Python, not checked here
+        return
+    app = sc.applicationId
+    if app in _CHECKED_APPS:
+        return
+    wanted = EXECUTOR_MODULES
+
+    def probe(_):   # a closure: pickled by value, so it runs on an executor without this project
+        import importlib.util
+        import platform
+        import sys as _sys
+
+        yield _sys.executable, platform.python_version(), [m for m in wanted if importlib.util.find_spec(m) is None]
+
+    exe = getattr(sc, "pythonExec", None) or os.environ.get("PYSPARK_PYTHON") or "python3"
+    given = os.environ.get("PYSPARK_PYTHON")
+    what = f"PYSPARK_PYTHON={given}" if given else f"PYSPARK_PYTHON is not set, so Spark runs {exe!r}"
+    fix = f"set PYSPARK_PYTHON to the project's interpreter (e.g. PYSPARK_PYTHON={sys.executable})"
+    sc.setJobDescription("pipeline: the executors' Python")
+    try:
+        found = sc.parallelize([0], 1).mapPartitions(probe).collect()
+    except Exception as e:  # noqa: BLE001 - the worker could not start or run at all
+        from .cli import root_cause
+
+        raise ConfigError(f"the Spark executors cannot run Python ({what}): {root_cause(e)[:300]}; {fix}") from None
+    finally:
+        sc.setJobDescription(None)
+    path, version, missing = found[0]
+    if missing:
+        raise ConfigError(f"the Spark executors run {path} (Python {version}; {what}), which lacks "
+                          f"{', '.join(missing)}; {fix}")
+    _CHECKED_APPS.add(app)
 
 
 def task_slots(spark) -> int:
@@ -76,8 +134,9 @@ def task_slots(spark) -> int:
     cpus = max(1, int(conf.get("spark.task.cpus", "1")))
     m = _LOCAL.match(sc.master)
     if not m:   # what the scheduler would grant a barrier stage now (executor cores / task cpus, GPUs)
-        jsc = sc._jsc.sc()
-        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+        from .pyspark_internals import max_concurrent_tasks
+
+        return max_concurrent_tasks(sc)
     cores = 1 if m.group(1) is None else (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
     return max(0, cores // cpus)
 
@@ -112,7 +171,7 @@ def check_task_slots(spark, workers: int, wait_s: Optional[float] = None) -> int
     if slots < workers:
         raise ConfigError(f"workers={workers} needs {workers} Spark task slots running at once, but the session "
                           f"({spark.sparkContext.master}) has {slots}; lower workers or give Spark more cores "
-                          f"(e.g. --master local[{workers}] or more executors)")
+                          f"(e.g. {option_hint('spark.master', f'local[{workers}]')} or more executors)")
     return slots
 
 
@@ -173,7 +232,9 @@ def python_worker_setup() -> None:
 
 def spark_task(fn):
     """Decorator for the functions the pipeline hands to ``mapInArrow`` / RDD ``map``:
-    runs :func:`python_worker_setup` in the worker before the task's own work."""
+    runs :func:`python_worker_setup` in the worker before the task's own work. Applied on the
+    driver, it first checks the executors' Python of the active session
+    (:func:`check_executor_python`, once per application)."""
     import functools
 
     @functools.wraps(fn)
@@ -181,7 +242,19 @@ def spark_task(fn):
         python_worker_setup()
         return fn(*args, **kwargs)
 
+    _check_active_session()   # on the driver, where the stage hands ``wrapper`` to Spark
     return wrapper
+
+
+def _check_active_session() -> None:
+    """:func:`check_executor_python` for the session a stage runs on, also one the caller built."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        check_executor_python(active)
 
 
 def task_frame(spark, rows: list[tuple], schema, tasks: Optional[list[int]] = None):

@@ -78,10 +78,6 @@ def run_images(cfg: ImagesRunConfig, spark=None) -> dict:
         "outputs": {k: str(v) for k, v in p.items()}, "shard_summary": sh, "train_summary": tr,
     }
     write_json(root / "summary.json", summary)
-    print(f"SUMMARY images: {ing['rows']} {cfg.ingest.source} images -> {cfg.workers} {shard_cfg.scheme} shards -> "
-          f"{train_cfg.model} / {train_cfg.algorithm.name} on {train_cfg.launcher} ({train_cfg.epochs} epochs): "
-          f"test accuracy {tr.get('test_accuracy', float('nan')):.4f} in {summary['seconds']:.0f} s "
-          f"[{root / 'summary.json'}]", flush=True)
     return summary
 
 
@@ -205,12 +201,4 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
                "test_accuracy": tr.get("test_accuracy"), "auc": tr.get("auc"),
                "seconds": round(time.time() - t0, 1), "outputs": {k: str(v) for k, v in p.items()}}
     write_json(root / "summary.json", summary)
-    auc = tr.get("auc") or {}
-    names = dict(enumerate(CLASS_NAMES))
-    auc_txt = ", ".join(f"{names.get(int(k), k)} {v:.3f}" for k, v in sorted(auc.items(), key=lambda kv: int(kv[0])))
-    print(f"SUMMARY hep: {sum(sim['events'].values())} generated events "
-          f"({', '.join(f'{k} {v}' for k, v in sim['events'].items())}) -> HLF classifier on {cfg.workers} workers "
-          f"({stages['train'].launcher}, {stages['train'].algorithm.name}): test accuracy "
-          f"{tr.get('test_accuracy', float('nan')):.4f}, one-vs-rest ROC AUC {auc_txt} "
-          f"in {summary['seconds']:.0f} s [{root / 'summary.json'}]", flush=True)
     return summary

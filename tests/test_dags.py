@@ -19,6 +19,8 @@ EXPECTED = {
     "images_pipeline": ["ingest_images", "shard", "train", "report"],
     "hep_pipeline": ["simulate", "ingest_root", "features", "shard", "train", "report"],
 }
+#: tasks that run with another config than configs/<job>.yaml
+CONFIGS = {("images_pipeline", "train"): "train/lenet5.yaml"}
 INGEST_TASKS = {"images_pipeline": {"ingest_images"}, "hep_pipeline": {"simulate", "ingest_root"}}
 HEAVY = ("pyspark", "torch", "horovod", "petastorm", "uproot", "awkward")
 
@@ -80,8 +82,9 @@ def test_tasks_are_spark_submits_of_the_jobs_with_run_scoped_outputs(rendered):
             assert t["application"] == str(REPO / "jobs" / f"{job}.py")
             assert t["conn_id"] == "spark_local"  # from PIPELINE_SPARK_CONN_ID
             args = t["args"]
-            if (REPO / "configs" / f"{job}.yaml").is_file():
-                assert args[:2] == ["--config", str(REPO / "configs" / f"{job}.yaml")]
+            cfg = REPO / "configs" / CONFIGS.get((dag_id, job), f"{job}.yaml")
+            if cfg.is_file():
+                assert args[:2] == ["--config", str(cfg)]
             sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
             assert "spark.master=null" in sets
             paths = [v.split("=", 1)[1] for v in sets if v.split("=", 1)[1].startswith(str(root))]

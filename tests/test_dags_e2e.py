@@ -135,6 +135,19 @@ def test_images_pipeline_end_to_end(images_run):
     assert leftovers(run) == []
 
 
+def test_task_logs_are_quiet_and_end_with_the_jobs_summary(images_run):
+    """Every task's spark-submit output, as Airflow logs it: no Spark INFO line (Spark logs at WARN
+    without a flag), no carriage-return fragment, and each job's SUMMARY line."""
+    from shell_fixtures import spark_info_lines
+
+    res, _ = images_run
+    text = Path(res["log"]).read_bytes().decode(errors="replace")   # carriage returns kept
+    assert spark_info_lines(text) == [], spark_info_lines(text)[:3]
+    assert "\r" not in text
+    for job in ("ingest_images", "shard", "train", "report"):
+        assert f"SUMMARY {job}: " in text, job
+
+
 @pytest.mark.timeout(1800)
 def test_rerun_of_same_logical_date_leaves_one_set_of_outputs(images_run, e2e_env, out_root):
     res, run = images_run

@@ -160,7 +160,7 @@ def test_job_cli(spark, repo, delphes_root, bad_delphes_root, tmp_path, capsys):
     out = tmp_path / "cli"
     base = ["--config", str(repo / "configs" / "ingest_root.yaml"), "--output", str(out),
             "--set", f"schema_dir={tmp_path / 'schemas'}"]
-    assert main(base + ["--dry-run"]) == 0
+    assert main(base + ["--set", "input=samples:delphes.root", "--dry-run"]) == 0   # the default: make run's files
     assert json.loads(capsys.readouterr().out)["plan"]["inputs"][0].endswith("delphes.root")
     rc = main(base + ["--set", f"input=[{delphes_root}, {bad_delphes_root}]"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -165,10 +165,10 @@ def _dry_run_inputs(name: str, request) -> list[str]:
     """``--set`` values pointing a job's dry run at inputs that exist."""
     if name == "train":
         return ["--set", f"manifest={request.getfixturevalue('tiny_shards') / 'manifest.json'}",
-                "--set", "batch_size=8", "--set", "launcher=local"]       # local: installed in both environments
+                "--set", "batch_size=8", "--set", "launcher=local", "--set", "model=lenet5"]   # local: in both environments
     if name == "shard":
         return ["--set", f"input={request.getfixturevalue('tiny_shards').parent / 'dataset'}"]
-    if name == "features":
+    if name in ("features", "ingest_root"):    # their defaults read what `make run` writes
         return ["--set", "input=samples:delphes.root"]
     if name == "report":  # a training output dir: metrics.jsonl records as jobs/train.py writes them
         run = request.getfixturevalue("tmp_path_factory").mktemp("report_input") / "train"
@@ -256,3 +256,71 @@ def test_py4j_retry_traceback_is_dropped_but_errors_are_kept():
     assert root.filter(record(logging.ERROR, gateway))
     assert root.filter(record(logging.INFO, "/work/pipeline/train/launch.py"))
     assert root.filter(record(logging.INFO, gateway, "connected"))
+
+
+# ------------------------------------------------------------------ every job ends with its result
+def _tiny_metrics_run(request) -> Path:
+    run = request.getfixturevalue("tmp_path_factory").mktemp("summary_report") / "train"
+    run.mkdir()
+    rec = {"kind": "eval", "split": "val", "step": 3, "epoch": 1.0, "wall_s": 0.5, "loss": 1.1, "accuracy": 0.3,
+           "n_eval": 3}
+    (run / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+    return run
+
+
+#: a small real run of every job (in this process, on the shared session), and what its line says;
+#: a new job fails test_every_job_ends_with_one_summary_line until it has an entry here
+SUMMARY_RUNS = {
+    "simulate": (lambda rq, out: ["--config", "configs/simulate.yaml", "--set", "processes=[ttbar]", "--set", "events=20",
+                                  "--set", "events_per_file=20", "--set", "progress=false", "--set", f"output={out}"],
+                 ["20 events", "ttbar 20", "simulation.json"]),
+    "ingest_root": (lambda rq, out: ["--config", "configs/ingest_root.yaml", "--set", "input=samples:delphes.root",
+                                     "--set", f"output={out}"], ["25 rows", "1 of 1 file", "Delphes", "_report.json"]),
+    "ingest_images": (lambda rq, out: ["--source", "sklearn_digits", "--limit", "100", "--output", str(out)],
+                      ["100 sklearn_digits images", "8x8x1", "train", "test"]),
+    "features": (lambda rq, out: ["--config", "configs/features.yaml", "--set", "input=samples:delphes.root",
+                                  "--set", f"output={out}"], ["of 25 events", "report.json"]),
+    "shard": (lambda rq, out: ["--set", f"input={rq.getfixturevalue('tiny_shards').parent / 'dataset'}",
+                               "--set", f"output={out}", "--set", "workers=2", "--set", "row_group_rows=32"],
+              ["2 disjoint shards", "manifest.json"]),
+    "train": (lambda rq, out: ["--set", f"manifest={rq.getfixturevalue('tiny_shards') / 'manifest.json'}",
+                               "--set", "model=lenet5", "--set", "launcher=local", "--set", "epochs=1", "--set",
+                               "batch_size=8", "--set", "max_steps=3", "--set", "progress=false", "--set", f"output={out}"],
+              ["lenet5 / arsgd on 2 workers (local)", "test accuracy", "ROC AUC", "samples/s", "summary.json"]),
+    "report": (lambda rq, out: ["--set", f"runs=[{_tiny_metrics_run(rq)}]", "--set", f"output={out}.png"],
+               ["1 run", ".png"]),
+    "experiment": (lambda rq, out: ["--config", "configs/experiment.yaml", "--set", "seeds=1",
+                                    "--set", "factors={grid: {train.lr: [0.001]}}", "--set", "fixed.train.max_steps=3",
+                                    "--set", "tracking.enabled=false", "--set", "plots=false", "--set", f"output={out}"],
+                   ["1 runs (1 trained", "report.md"]),
+    "tune": (lambda rq, out: ["--config", "configs/tune.yaml", "--set", "trials=1", "--set", "parallel=1",
+                              "--set", "fixed.train.max_steps=3", "--set", "tracking.enabled=false",
+                              "--set", f"output={out}"], ["1 trials", "best best_val_accuracy", "best_train.yaml"]),
+    "run_hep": (lambda rq, out: ["--config", "configs/run_hep.yaml", "--set", "events_per_class=40",
+                                 "--set", "real_samples=false", "--set", "simulate.progress=false",
+                                 "--set", "train.launcher=local", "--set", "train.epochs=1", "--set", "train.batch_size=8",
+                                 "--set", "train.progress=false", "--set", f"output_root={out}"],
+                ["120 generated events", "test accuracy", "ROC AUC qcd", "summary.json"]),
+    "run_images": (lambda rq, out: ["--config", "configs/run_images.yaml", "--set", "ingest.source=sklearn_digits",
+                                    "--set", "ingest.limit=200", "--set", "workers=1", "--set", "train.launcher=local",
+                                    "--set", "train.epochs=1", "--set", "train.progress=false",
+                                    "--set", f"output_root={out}"], ["200 sklearn_digits images", "test accuracy"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", JOBS)
+def test_every_job_ends_with_one_summary_line(name, spark, request, tmp_path, capsys):
+    """A real (small) run of the job ends with one ``SUMMARY <job>: ...`` line giving its result,
+    and nothing is printed after it."""
+    assert name in SUMMARY_RUNS, f"jobs/{name}.py: add a small run to SUMMARY_RUNS"
+    make_args, expect = SUMMARY_RUNS[name]
+    capsys.readouterr()
+    rc, err_lines, out = _main(name, make_args(request, tmp_path / "out"), capsys)
+    out_lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert rc == 0, err_lines[-5:]
+    assert out_lines and out_lines[-1].startswith(f"SUMMARY {name}: "), out_lines[-3:]
+    assert sum(ln.startswith("SUMMARY") for ln in out_lines) == 1, [ln for ln in out_lines if "SUMMARY" in ln]
+    for word in expect:
+        assert word in out_lines[-1], (word, out_lines[-1])
+    assert not any("finished in" in ln for ln in err_lines), err_lines[-3:]

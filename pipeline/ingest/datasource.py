@@ -44,7 +44,12 @@ OPTIONS = {"tree": "Events", "filter_name": "*", "step_size": "100 MB", "entry_s
 
 
 def register(spark) -> None:
-    """Make ``spark.read.format("root")`` available in this session."""
+    """Make ``spark.read.format("root")`` available in this session. The session's executors
+    must run a Python with the project installed (``PYSPARK_PYTHON``): checked here, once, with
+    one line naming the interpreter (``pipeline.spark.check_executor_python``)."""
+    from ..spark import check_executor_python
+
+    check_executor_python(spark)
     spark.dataSource.register(RootDataSource)
 
 

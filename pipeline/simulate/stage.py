@@ -6,7 +6,7 @@ writes exactly one ROOT file ``<output>/<p>/<p>_<i:04d>.root``. Tasks of differe
 interleaved and each is one Spark partition, so the stage scales with executors and a task's
 events do not depend on which executor ran it or how many ran beside it.
 
-Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a tqdm bar of
+Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a progress bar of
 generated events, fed by a Spark accumulator that each finished task adds its events to.
 Output (a local path, a shared mount or ``s3://``): each task writes its ROOT file into its
 executor's scratch space (uproot writes a seekable local file) and copies it to the output's
@@ -156,9 +156,9 @@ def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, target: JobTarg
     th.start()
     bar = None
     if cfg.progress:
-        from tqdm.auto import tqdm
+        from ..progress import Bar   # a bar on a terminal, whole lines otherwise
 
-        bar = tqdm(total=total, unit="ev", desc="simulate", smoothing=0.1)
+        bar = Bar(total, "simulate", unit="ev")
     try:
         while th.is_alive():
             th.join(0.5)

@@ -320,8 +320,6 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
                "seconds": round(time.time() - t0, 1), "results": str(target.child("results.parquet")),
                "report": str(target.child("report.md")), "mlflow": tracker.uri,
                "mlflow_run_id": getattr(tracker.parent, "run_id", None)}
-    print(f"SUMMARY study {spec.name}: {len(plan.runs)} runs ({len(trained)} trained, {len(skipped)} finished "
-          f"earlier, {len(done['failed'])} failed) in {summary['seconds']:.0f} s -> {summary['report']}", flush=True)
     if done["failed"]:
         raise _failure(plan, done["failed"], summary["report"])
     return summary

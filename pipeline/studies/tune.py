@@ -362,8 +362,6 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
     summary = {"tune": cfg.name, "output": str(target if remote else out), "trials": total, "best": best,
                "best_config": str(remote.at("best_train.yaml") if remote else out / "best_train.yaml"),
                "seconds": round(time.time() - t0, 1)}
-    print(f"SUMMARY tune {cfg.name}: {total} trials ({cfg.sampler}), best {cfg.objective} "
-          f"{best['value']:.4f} with {json.dumps(best['params'])} -> {out / 'best_train.yaml'}", flush=True)
     return summary
 
 
@@ -433,7 +431,7 @@ def write_tune_outputs(cfg: TuneConfig, study, out: Path, remote: Optional[Remot
     doc = train_cfg.model_copy(update={"output": str(best_out)}).model_dump(mode="json", exclude={"spark"})
     header = (f"# Best of tuning run {cfg.name}: trial {b.number}, {cfg.objective} = {b.value:.6g} "
               f"({cfg.direction}); parameters {json.dumps(b.params)}\n"
-              f"# Train it with: python -m jobs.train --config {out / 'best_train.yaml'}\n")
+              f"# Train it with: .venv/bin/python -m jobs.train --config {out / 'best_train.yaml'}\n")
     write_bytes(location(out / "best_train.yaml"), (header + yaml.safe_dump(doc, sort_keys=False)).encode())
     best = {"trial": b.number, "value": b.value, "params": b.params, "objective": cfg.objective,
             "direction": cfg.direction,

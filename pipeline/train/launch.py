@@ -333,13 +333,16 @@ def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     _check_slots(spark, world)
+    from .progress import worker_env
+
     nics = None
     if cfg.bind_address:   # Horovod's gloo traffic on the interface of the configured address
         from .comm.rendezvous import bind_address, interface_of
 
         nics = {interface_of(bind_address(cfg.bind_address, cfg.bind_address))}
+    # env: what the tasks add to their own environment (the progress channel)
     return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
-                             start_timeout=cfg.start_timeout, verbose=0, nics=nics)
+                             start_timeout=cfg.start_timeout, verbose=0, nics=nics, env=worker_env() or None)
 
 
 def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) -> bool:
@@ -379,14 +382,22 @@ def _check_slots(spark, world: int) -> None:
 
 
 def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark=None) -> list[dict]:
-    """Start the workers with the configured launcher; rank-ordered results (torch: rank 0 only)."""
+    """Start the workers with the configured launcher; rank-ordered results (torch: rank 0 only).
+    Rank 0's progress and validation lines are shown by this driver (``progress.relay``)."""
+    from .progress import relay
+
     backend = {"horovod": "horovod", "torch": "torch", "local": "local"}[cfg.launcher]
     args = (cfg.model_dump_json(), backend, plan, out_dir, ckpt_dir)
-    if cfg.launcher == "horovod":
-        return _run_horovod(args, plan["workers"], cfg, spark)
-    if cfg.launcher == "torch":
+    if cfg.launcher == "local":
+        with relay(True, cfg.bind_address or "127.0.0.1"):
+            return _run_local(args, plan["workers"], host=cfg.bind_address)
+    from ..spark import get_spark
+
+    spark = spark or get_spark(cfg.spark, min_task_slots=plan["workers"])
+    with relay(True, cfg.bind_address or spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")):
+        if cfg.launcher == "horovod":
+            return _run_horovod(args, plan["workers"], cfg, spark)
         return _run_torch(args, plan["workers"], cfg, spark)
-    return _run_local(args, plan["workers"], host=cfg.bind_address)
 
 
 def train(cfg: TrainConfig, spark=None) -> dict:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -45,6 +44,7 @@ import torch.nn.functional as F
 from .augment import crop_flip
 from .digest import param_digest
 from .optimizers import make_optimizer
+from .progress import emit
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +192,10 @@ class Worker:
             yield reader.batches(skip_batches=skip, limit_batches=limit)
 
     def progress(self, total: int, initial: int, desc: str):
-        from tqdm import tqdm
+        """Rank 0's progress over ``total`` steps, shown by the driver (``progress``)."""
+        from .progress import bar
 
-        return tqdm(total=total, initial=initial, desc=desc, disable=not (self.cfg.progress and self.rank == 0),
-                    file=sys.stderr, mininterval=1.0, leave=False, dynamic_ncols=False, ncols=90)
+        return bar(total, initial, desc, enabled=self.cfg.progress and self.rank == 0)
 
     def train_step(self, inputs, y, lr_step: int) -> float:
         """One step: the learning rate of schedule step ``lr_step``, forward/backward (inside the
@@ -299,8 +299,8 @@ class Worker:
         if self.rank == 0:
             self.writer.write(rec)
             where = f"round {extra['rounds']} " if "rounds" in extra else ""
-            print(f"[train] {where}step {rec['step']} epoch {rec['epoch']:.2f} {split} loss {rec['loss']:.4f} "
-                  f"acc {rec['accuracy']:.4f}", file=sys.stderr, flush=True)
+            emit(f"[train] {where}step {rec['step']} epoch {rec['epoch']:.2f} {split} loss {rec['loss']:.4f} "
+                 f"acc {rec['accuracy']:.4f}")
         return rec
 
     # ------------------------------------------------------------------ checkpoints
