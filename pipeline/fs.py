@@ -32,6 +32,10 @@ INPUT_SCHEMES = ("file", "s3", "root", "http", "https")
 _ALIASES = {"s3a": "s3", "s3n": "s3"}
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _REGION_VARS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+# the settings of this layer read from the environment: every node that reads or writes data needs
+# them (pipeline.spark passes the driver's to the executors)
+NODE_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", *_ENDPOINT_VARS, *_REGION_VARS,
+                 "PIPELINE_REMOTE_TIMEOUT")
 
 
 @dataclass(frozen=True)

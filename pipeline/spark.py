@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import sys
 from typing import Optional
@@ -60,12 +61,46 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
     }
     if not _launched_by_spark_submit():
         settings["spark.driver.memory"] = cfg.driver_memory
+    settings.update(executor_env(os.environ))
     settings.update(cfg.conf)
     for k, v in settings.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    child_python_path(spark)
     return spark
+
+
+def child_python_path(spark) -> None:
+    """Let the Python processes a task starts import the project's code as the task does.
+
+    PySpark puts the files of ``--py-files`` (``spark.submit.pyFiles``) on the ``sys.path`` of its
+    Python workers only; processes those start (Horovod's and TorchDistributor's training
+    workers) see the ``PYTHONPATH`` of the environment. On a cluster the executors keep the files in
+    their working directory, so their names join the ``PYTHONPATH`` of the Python workers of every
+    later task (``SparkContext.environment``, where PySpark keeps ``spark.executorEnv.*``). Code
+    installed in the executors' environment (``--archives`` of a packed virtualenv, an image) needs
+    nothing; a local master neither. Idempotent."""
+    sc = spark.sparkContext
+    if _LOCAL.match(sc.master):
+        return
+    names = [posixpath.basename(f.rstrip("/")) for f in (sc.getConf().get("spark.submit.pyFiles") or "").split(",")
+             if f.strip()]
+    current = [p for p in sc.environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+    missing = [n for n in names if n not in current]
+    if missing:
+        sc.environment["PYTHONPATH"] = os.pathsep.join(current + missing)
+
+
+def executor_env(environ) -> dict[str, str]:
+    """``spark.executorEnv.<VAR>`` for each storage setting of the driver's environment
+    (``pipeline.fs.NODE_ENV_VARS``: the S3 endpoint, region and credentials, the remote-read
+    timeout): tasks read and write the object store themselves, so on a cluster the executors need
+    the same settings, and a node of its own has none. Spark redacts the credentials in its UI
+    and logs (``spark.redaction.regex``). A value set in the stage's ``spark.conf`` wins."""
+    from .fs import NODE_ENV_VARS
+
+    return {f"spark.executorEnv.{k}": environ[k] for k in NODE_ENV_VARS if environ.get(k)}
 
 
 def task_slots(spark) -> int:

@@ -122,7 +122,10 @@ class Cluster:
                "--executor-cores", "1", "--executor-memory", "1g", "--driver-memory", "1g",
                "--py-files", str(self.py_files),
                "--conf", f"spark.pyspark.python={sys.executable}",
-               "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1"]
+               "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+               # jobs start once both executors registered (slow to start on a loaded machine)
+               "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+               "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=180s"]
         for k, v in (conf or {}).items():
             cmd += ["--conf", f"{k}={v}"]
         return cmd + list(args)
@@ -202,17 +205,17 @@ class Cluster:
         return r.stdout if r.returncode == 0 else None
 
     def executor_logs(self, tail: int = 4000) -> str:
-        """The stderr of every executor of every worker (found in its private work directory)."""
+        """The stdout and stderr of every executor of every worker (in its private work directory)."""
         out = []
         for w in self.workers:
             if w.proc is None or w.proc.poll() is not None:
                 continue
             work = f"/tmp/spark-worker{w.index}/work" if self.isolated else str(self.log_dir / f"work{w.index}")
-            find = ["find", work, "-name", "stderr"]
+            find = ["find", work, "-name", "stderr", "-o", "-name", "stdout"]
             if self.isolated:
                 find = ["nsenter", "-t", str(w.proc.pid), "-m", "--", *find]
             files = subprocess.run(find, capture_output=True, text=True).stdout.split()
-            for f in files[-4:]:
+            for f in files[-8:]:
                 text = self.read_worker_file(w.index, f) or ""
                 out.append(f"--- worker {w.index}: {f}\n{text[-tail:]}")
         return "\n".join(out)

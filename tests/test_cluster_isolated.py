@@ -9,8 +9,9 @@ executors run is the shipped zip), then the pipeline's stages run on it end to e
 """
 from __future__ import annotations
 
+import io
 import json
-import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from cluster_fixtures import REPO, listening_sockets, standalone_cluster
 from servers import s3_server
 
+pytest_plugins = ["train_fixtures"]
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
 
@@ -71,7 +73,7 @@ def test_tasks_cannot_see_the_drivers_files_and_their_writes_never_reach_it(clus
     task_file = tmp_path / "from-task" / "out.txt"
     r = cluster.submit(str(script), str(driver_file), str(task_file),
                        conf={"spark.executorEnv.PIPELINE_REPO": str(REPO)}, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:] + cluster.executor_logs()
+    assert r.returncode == 0, _why(r, cluster)
     out = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("PROBE "))[6:])
     tasks = out["tasks"]
     assert len(tasks) == 4
@@ -99,3 +101,346 @@ def _loopback(ip: str) -> bool:
 
     a = ipaddress.ip_address(ip)
     return (getattr(a, "ipv4_mapped", None) or a).is_loopback
+
+
+# ---------------------------------------------------------------------------------------- training
+def _keys(uri: str) -> list[str]:
+    from pipeline import fs
+
+    loc = fs.location(uri)
+    return sorted(f.path[len(loc.path) + 1:] for f in fs.list_files(loc))
+
+
+def _error_lines(r) -> list[str]:
+    """The driver's error lines (spark-submit copies the Python driver's stderr to its stdout)."""
+    return [x for x in (r.stdout + r.stderr).splitlines() if x.startswith("error:")]
+
+
+def _why(r, cluster) -> str:
+    """What to show when a driver failed: its error line, its stderr's tail, the executors' logs."""
+    return "\n".join(_error_lines(r)) + "\n" + r.stdout[-3000:] + "\n" + r.stderr[-2000:] + "\n" + cluster.executor_logs()
+
+
+@pytest.fixture(scope="module")
+def digit_shards_s3(spark, s3, digits_dataset):
+    """The sklearn digits in 2 disjoint worker shards on the store (written by the local session)."""
+    from pipeline.shards.materialize import ShardConfig, shard
+    from servers import environment
+
+    uri = f"s3://{s3.bucket}/digits/shards"
+    with environment(**s3.env("writer")):
+        shard(ShardConfig(input=str(digits_dataset), output=uri, scheme="disjoint", workers=2, seed=0,
+                          row_group_rows=64), spark)
+    return f"{uri}/manifest.json"
+
+
+_TRAIN = ("--epochs", "1", "--batch_size", "16", "--max_steps", "8", "--checkpoint_every", "4", "--seed", "7",
+          "--progress", "false")
+
+
+@pytest.mark.timeout(1200)
+def test_training_ranks_write_their_outputs_to_the_store_from_the_workers(cluster, s3, digit_shards_s3, tmp_path):
+    """Rank 0 runs on a worker that cannot see the driver's disk: its metrics and model reach the
+    store directly and the driver commits them; both ranks' checkpoints are there too. The model
+    equals the same run's on one machine (local launcher)."""
+    import torch
+
+    from pipeline import fs
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+    from servers import environment
+
+    b = f"s3://{s3.bucket}/train-cluster"
+    r = cluster.submit("jobs/train.py", "--manifest", digit_shards_s3, "--output", f"{b}/run", "--launcher", "torch",
+                       *_TRAIN, env=cluster.driver_env(**s3.env("writer")))
+    assert r.returncode == 0, _why(r, cluster)
+    with environment(**s3.env("writer")):
+        assert _keys(f"{b}/run") == ["_COMPLETE", "metrics.jsonl", "model.pt", "summary.json"]
+        assert [k for k in _keys(b) if ".tmp-" in k] == []
+        ck = _keys(f"{b}/run-checkpoints")
+        assert {"step_00000008/rank_000.pt", "step_00000008/rank_001.pt", "step_00000008/meta.json"} <= set(ck)
+        summary = json.loads(fs.read_bytes(fs.location(f"{b}/run/summary.json")))
+        assert summary["workers"] == 2 and summary["steps"] == 8 and summary["launcher"] == "torch"
+        metrics = [json.loads(x) for x in fs.read_bytes(fs.location(f"{b}/run/metrics.jsonl")).decode().splitlines()]
+        assert metrics[-1]["split"] == "test" and metrics[-1]["accuracy"] == summary["test_accuracy"]
+        model = torch.load(io.BytesIO(fs.read_bytes(fs.location(f"{b}/run/model.pt"))), weights_only=True)["model"]
+        ref = train(TrainConfig(manifest=digit_shards_s3, output=str(tmp_path / "ref"), launcher="local",
+                                **{k.lstrip("-"): v for k, v in zip(_TRAIN[::2], _TRAIN[1::2])}))
+    local = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)["model"]
+    assert ref["steps"] == 8
+    for k, v in local.items():
+        assert torch.allclose(v, model[k], atol=1e-6), k
+
+
+@pytest.mark.timeout(1200)
+def test_a_local_output_written_on_a_worker_is_refused_and_nothing_is_committed(cluster, s3, digit_shards_s3,
+                                                                                 tmp_path):
+    """The same run with a local output: rank 0 writes it on its own disk, which the driver cannot
+    see; one line, exit 2, no output on the driver."""
+    out = tmp_path / "out"
+    r = cluster.submit("jobs/train.py", "--manifest", digit_shards_s3, "--output", str(out), "--checkpoint_dir",
+                       f"s3://{s3.bucket}/train-local-ck", "--launcher", "torch", *_TRAIN,
+                       env=cluster.driver_env(**s3.env("writer")))
+    err = _error_lines(r)
+    assert r.returncode == 2 and len(err) == 1, _why(r, cluster)
+    assert str(out) in err[0] and "does not share this path" in err[0], err[0]
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+# ---------------------------------------------------------------------------------- the HEP pipeline
+def _rows(uri) -> list[dict]:
+    """Every row of the Parquet dataset at ``uri`` (local or ``s3://``), in sample_id order."""
+    import pyarrow.dataset as pads
+
+    from pipeline import fs
+
+    loc = fs.location(str(uri))
+    d = pads.dataset(loc.path, filesystem=loc.filesystem(), format="parquet", ignore_prefixes=[".", "_"])
+    return d.to_table().sort_by("sample_id").to_pylist()
+
+
+def _count(uri) -> int:
+    import pyarrow.dataset as pads
+
+    from pipeline import fs
+
+    loc = fs.location(str(uri))
+    return pads.dataset(loc.path, filesystem=loc.filesystem(), format="parquet",
+                        ignore_prefixes=[".", "_"]).count_rows()
+
+
+_HEP = {"events_per_class": 300, "real_samples": False, "seed": 11, "simulate.events_per_file": 150,
+        "simulate.progress": False, "train.epochs": 2, "train.progress": False}
+
+
+@pytest.mark.timeout(2700)
+def test_the_hep_pipeline_on_the_cluster_equals_the_local_run(cluster, s3, spark, tmp_path):
+    """jobs/run_hep.py end to end with output_root=s3://... on the cluster (Horovod-on-Spark
+    training): the same events, ingested rows, HLF rows (values, labels, split) and scaling as the
+    same run on local[2], and a test accuracy within 1 pp."""
+    from pipeline import fs
+    from pipeline.config import load_config
+    from pipeline.workflows import HepRunConfig, run_hep
+    from servers import environment
+
+    overrides = [f"{k}={json.dumps(v)}" for k, v in _HEP.items()]
+    local = tmp_path / "hep-local"
+    want = run_hep(load_config(HepRunConfig, REPO / "configs" / "run_hep.yaml",
+                               overrides + [f"output_root={local}"]), spark)
+    uri = f"s3://{s3.bucket}/hep"
+    sets = [x for o in overrides + [f"output_root={uri}"] for x in ("--set", o)]
+    r = cluster.submit(str(REPO / "jobs" / "run_hep.py"), "--config", str(REPO / "configs" / "run_hep.yaml"), *sets,
+                       env=cluster.driver_env(**s3.env("writer")), cwd=tmp_path, timeout=2400)
+    assert r.returncode == 0, _why(r, cluster)
+    with environment(**s3.env("writer")):
+        got = json.loads(fs.read_bytes(fs.location(f"{uri}/summary.json")))
+        assert got["events"] == want["events"] and sum(got["events"].values()) == 900
+        assert _count(f"{uri}/events") == _count(local / "events") > 0
+        hlf = _rows(f"{uri}/features/hlf")
+        assert hlf == _rows(local / "features" / "hlf") and len(hlf) > 0
+        assert {row["split"] for row in hlf} == {"train", "val", "test"}
+        assert _count(f"{uri}/features/llf") == _count(local / "features" / "llf")
+        scaling = json.loads(fs.read_bytes(fs.location(f"{uri}/features/scaling.json")))
+        assert scaling == pytest.approx(json.loads((local / "features" / "scaling.json").read_text()), rel=1e-12)
+        assert abs(got["test_accuracy"] - want["test_accuracy"]) <= 0.01, (got["test_accuracy"], want["test_accuracy"])
+        assert got["train_summary"]["launcher"] == "horovod" and got["train_summary"]["workers"] == 2
+        leftovers = [k for k in _keys(f"s3://{s3.bucket}/hep") if ".tmp-" in k or "/." in "/" + k]
+        assert leftovers == []
+
+
+# ------------------------------------------------------------------------------ studies and tuning
+@pytest.mark.timeout(2400)
+def test_a_tuning_run_and_a_study_on_the_cluster_publish_to_the_store(cluster, s3, tmp_path):
+    """A search with 2 trials run 2 at a time and a study of 2 runs, both with an s3:// output,
+    driven by spark-submit on the cluster: every trial and run is committed on the store."""
+    import pandas as pd
+
+    from pipeline import fs
+    from servers import environment
+    from test_studies import tiny_study, write_yaml
+    from test_tune import tiny_tune
+
+    env = cluster.driver_env(**s3.env("writer"))
+    tune_uri = f"s3://{s3.bucket}/tune/tiny"
+    cfg = write_yaml(tmp_path / "tune.yaml", tiny_tune(tmp_path, output=tune_uri, tracking={"enabled": False}))
+    r = cluster.submit(str(REPO / "jobs" / "tune.py"), "--config", str(cfg), env=env, cwd=tmp_path, timeout=1800)
+    assert r.returncode == 0, _why(r, cluster)
+    study_uri = f"s3://{s3.bucket}/studies/tiny"
+    cfg = write_yaml(tmp_path / "study.yaml", tiny_study(tmp_path, name="tiny_cluster", seeds=1, output=study_uri,
+                                                         tracking={"enabled": False}))
+    r = cluster.submit(str(REPO / "jobs" / "experiment.py"), "--config", str(cfg), env=env, cwd=tmp_path, timeout=1800)
+    assert r.returncode == 0, _why(r, cluster)
+    with environment(**s3.env("writer")):
+        keys = set(_keys(tune_uri))
+        assert {"optuna.journal", "trials.parquet", "best.json", "best_train.yaml", "trials/trial_0/_COMPLETE",
+                "trials/trial_1/_COMPLETE", "trials/trial_0/train/summary.json",
+                "trials/trial_1/train/model.pt"} <= keys, sorted(keys)
+        trials = pd.read_parquet(io.BytesIO(fs.read_bytes(fs.location(f"{tune_uri}/trials.parquet"))))
+        assert sorted(trials["trial"]) == [0, 1] and set(trials["state"]) == {"COMPLETE"}
+        keys = set(_keys(study_uri))
+        runs = sorted({k.rsplit("/", 1)[0] for k in keys if k.endswith("/_COMPLETE")})
+        assert len(runs) == 2 and all(f"{run}/train/model.pt" in keys for run in runs), sorted(keys)
+        assert {"results.parquet", "report.md", "study.json"} <= keys
+        results = pd.read_parquet(io.BytesIO(fs.read_bytes(fs.location(f"{study_uri}/results.parquet"))))
+        assert len(results) == 2 and results["test_accuracy"].notna().all()
+        assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith(("tune/", "studies/")) and "/." in "/" + k] == []
+    # the driver's working directory holds no trial or run output: they ran where the tasks ran
+    assert not list(tmp_path.rglob("model.pt"))
+
+
+# ------------------------------------------------------------------- the feature stage and a lost node
+_CLASSES = ("ttbar", "wjets")
+_SAMPLES = [{"name": n, "label": i + 1, "files": [f"{n}_*.root"]} for i, n in enumerate(_CLASSES)]
+_FEATURES = {"samples": _SAMPLES, "step_size": 10, "test_fraction": 0.2, "val_fraction": 0.2, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def delphes_export(delphes_root, tmp_path_factory) -> Path:
+    """Delphes-layout ttbar / W+jets files (boosted real delphes.root events), 2 per class, 30
+    events each: 12 feature tasks of 10 events."""
+    import hep_root_fixtures as H
+
+    d = tmp_path_factory.mktemp("delphes-export")
+    colls = H.boosted(H.read_required(delphes_root))
+    for c, name in enumerate(_CLASSES):
+        for k in range(2):
+            first = 30 * (2 * c + k)
+            H.write_delphes_like(d / f"{name}_{k:04d}.root", H.take(colls, list(range(first, first + 30))))
+    return d
+
+
+@pytest.fixture(scope="module")
+def xrd(delphes_export, tmp_path_factory):
+    from servers import xrootd_server
+
+    with xrootd_server(delphes_export, tmp_path_factory.mktemp("xrootd-log")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def local_features(spark, delphes_export, tmp_path_factory) -> Path:
+    """The same feature stage on local[2] from the local files: what the cluster's output must equal."""
+    from pipeline.features.stage import FeaturesConfig, build_features
+
+    out = tmp_path_factory.mktemp("features-local") / "features"
+    build_features(FeaturesConfig(input=str(delphes_export / "*.root"), output=str(out), **_FEATURES), spark=spark)
+    return out
+
+
+def _features_args(input_url: str, output: str, **extra) -> list[str]:
+    values = {**_FEATURES, "input": input_url, "output": output, **extra}
+    return [x for k, v in values.items() for x in ("--set", f"{k}={json.dumps(v)}")]
+
+
+# a features job whose driver also watches the scheduler and prints KILL once a stage of many
+# tasks has finished one and runs two (one on each worker)
+_WATCHED_FEATURES = r'''
+import sys, threading, time
+
+from jobs.features import main
+from pipeline.config import SparkConfig
+from pipeline.spark import get_spark
+
+spark = get_spark(SparkConfig())
+
+
+def watch():
+    tracker = spark.sparkContext.statusTracker()
+    while True:
+        for sid in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(sid)
+            if info is not None and info.numTasks >= 8 and info.numCompletedTasks >= 1 and info.numActiveTasks >= 2:
+                print(f"KILL stage {sid}: {info.numCompletedTasks} of {info.numTasks} tasks done", flush=True)
+                return
+        time.sleep(0.05)
+
+
+threading.Thread(target=watch, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.timeout(1800)
+def test_a_worker_killed_during_the_feature_stage_leaves_a_complete_correct_output(cluster, s3, xrd, local_features,
+                                                                                   tmp_path):
+    """The feature stage reads its ROOT files over XRootD and writes to the store; a worker (its
+    JVMs and Python workers) is SIGKILLed while the stage's tasks run. Spark reruns the lost tasks
+    on the other worker, and the committed output equals the local run's: no part missing, none
+    twice, nothing left of the lost attempts."""
+    import threading
+
+    from pipeline import fs
+    from servers import environment
+
+    script = tmp_path / "watched_features.py"
+    script.write_text(_WATCHED_FEATURES)
+    uri = f"s3://{s3.bucket}/features-killed"
+    log = open(tmp_path / "driver.log", "w")
+    proc = cluster.popen(str(script), *_features_args(xrd.url(xrd.root) + "/*.root", uri),
+                         env=cluster.driver_env(**s3.env("writer")), cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=log, text=True)
+    lines: list[str] = []
+    killed = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("KILL") and not killed.is_set():
+                cluster.kill_worker(1)
+                killed.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=1500)
+        reader.join(timeout=30)
+        log.close()
+        stderr = (tmp_path / "driver.log").read_text()
+        assert killed.is_set(), "".join(lines)[-3000:] + stderr[-3000:]
+        assert rc == 0, "".join(lines)[-3000:] + stderr[-3000:] + cluster.executor_logs()
+        assert "Lost executor" in stderr or "lost" in stderr.lower()
+        with environment(**s3.env("writer")):
+            for name in ("hlf", "llf"):
+                assert _rows(f"{uri}/{name}") == _rows(local_features / name), name
+            assert json.loads(fs.read_bytes(fs.location(f"{uri}/scaling.json"))) == pytest.approx(
+                json.loads((local_features / "scaling.json").read_text()), rel=1e-12)
+            keys = _keys(uri)
+            marker = json.loads(fs.read_bytes(fs.location(f"{uri}/_COMPLETE")))
+            assert sorted(marker["files"]) == sorted(k for k in keys if k != "_COMPLETE")
+            assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith(".features-killed")] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.start_worker(1)
+        cluster.wait_workers(2)
+
+
+# ----------------------------------------------------------------------------------------- bad input
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("case", ["no-bucket", "no-credentials", "executors-without-s3-settings",
+                                  "unreachable-xrootd"])
+def test_bad_input_on_the_cluster_is_one_line_and_nothing_is_written(cluster, s3, xrd, tmp_path, case):
+    from pipeline.train.comm.ports import free_port
+    from servers import environment
+
+    prefix = f"s3://{s3.bucket}/bad-{case}"
+    good = xrd.url(xrd.root) + "/*.root"
+    dead_server = f"127.0.0.1:{free_port()}"       # nothing listens there
+    dead = [f"root://{dead_server}/{xrd.served}/{n}_0000.root" for n in _CLASSES]
+    no_keys = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    output, input_url, env, extra, needle = {
+        "no-bucket": ("s3://no-such-bucket/features", good, {}, {}, "the bucket 'no-such-bucket' does not exist"),
+        "no-credentials": (f"{prefix}/features", good, no_keys, {}, "no S3 credentials"),
+        "executors-without-s3-settings": (
+            f"{prefix}/features", good, {},
+            {"spark.conf": {f"spark.executorEnv.{k}": "" for k in no_keys}}, "AWS_ACCESS_KEY_ID"),
+        "unreachable-xrootd": (f"{prefix}/features", dead, {}, {}, dead_server),
+    }[case]
+    r = cluster.submit(str(REPO / "jobs" / "features.py"), *_features_args(input_url, output, **extra),
+                       env=cluster.driver_env(**{**s3.env("writer"), **env}), cwd=tmp_path, timeout=900)
+    err = _error_lines(r)
+    assert r.returncode != 0 and len(err) == 1, _why(r, cluster)
+    assert needle in err[0] and "Traceback" not in err[0], err[0]
+    with environment(**s3.env("writer")):
+        assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith((f"bad-{case}", f".bad-{case}"))] == []
+    assert [p.name for p in tmp_path.iterdir()] == []

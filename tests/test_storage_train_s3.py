@@ -153,12 +153,22 @@ def test_bad_targets_are_one_line_exit_2_and_nothing_written(s3, shards, tmp_pat
     assert not local_out.exists()
 
 
-def test_a_staging_directory_without_rank_0_files_is_never_committed(tmp_path):
+def test_an_output_without_rank_0_files_is_never_committed(s3, shards, tmp_path):
+    """The driver commits only when rank 0's files are where it reads them: a local output that
+    rank 0 wrote on another machine's disk is one line (the cluster case: tests/test_cluster_isolated.py)."""
     from pipeline.errors import ConfigError
-    from pipeline.train.launch import _check_staged
+    from pipeline.train.launch import _check_written
 
+    out = fs.location(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(ConfigError, match=r"output s3://b/out: rank 0 wrote no model.pt into the driver's staging"):
-        _check_staged(tmp_path, fs.location("s3://b/out"))
+    with pytest.raises(ConfigError, match=r"output /o: rank 0 reported success but its model.pt is not under "):
+        _check_written(out, fs.location("/o"))
     (tmp_path / "model.pt").write_bytes(b"x")
-    _check_staged(tmp_path, fs.location("s3://b/out"))
+    _check_written(out, fs.location("/o"))
+    with environment(**s3.env("writer")):
+        tmp = fs.location(f"s3://{s3.bucket}/check/.out.tmp-1")
+        with pytest.raises(ConfigError, match=r"its metrics.jsonl and model.pt are not under s3://"):
+            _check_written(tmp, fs.location(f"s3://{s3.bucket}/check/out"))
+        for name in ("metrics.jsonl", "model.pt"):
+            fs.write_bytes(tmp.child(name), b"x")
+        _check_written(tmp, fs.location(f"s3://{s3.bucket}/check/out"))

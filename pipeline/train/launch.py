@@ -18,14 +18,15 @@ A lost worker relaunches the workers from the newest complete checkpoint, up to
 where the first launch starts.
 
 Outputs: ``<output>/metrics.jsonl``, ``summary.json`` (with ``restarts`` and ``resumed_from``),
-``model.pt`` (written atomically: a failed run leaves no output directory) and checkpoints in
-``checkpoint_dir`` (default ``<output>-checkpoints``; per-rank files, see ``checkpoint``), which
-survive a failed run so that a resume can continue. The checkpoint directory must be reachable
-by every worker: a local disk for one machine, a shared file system or an ``s3://`` prefix for a
-cluster. An ``s3://`` output is staged on the driver's local disk and committed with
-``pipeline.outputs.atomic_output_dir`` (``_COMPLETE`` marker), so rank 0 must run on the
-driver's machine (local launcher, TorchDistributor's local mode, a one-machine Spark). Both
-targets are checked before any work starts (``pipeline.fs.check_writable``).
+``model.pt`` and checkpoints in ``checkpoint_dir`` (default ``<output>-checkpoints``; per-rank
+files, see ``checkpoint``), which survive a failed run so that a resume can continue. Every rank
+writes what it owns straight to the output's filesystem, wherever it runs: its checkpoint files,
+and on rank 0 ``metrics.jsonl`` and ``model.pt``, under a job-scoped temporary sibling of the
+output; the driver adds ``summary.json`` and commits (the rename of a local or shared directory,
+``_COMPLETE`` on an object store), so a failed run leaves no output. Output and checkpoints must
+be reachable by every worker: a local disk for one machine, a shared file system or an ``s3://``
+prefix for a cluster (a local output that rank 0 wrote on another machine's disk ends the run
+with one line). Both targets are checked before any work starts (``pipeline.fs.check_writable``).
 
 GPUs: a Horovod-on-Spark worker uses the GPU Spark assigned to its task (``task_gpu``: the
 task's ``gpu`` resource), other workers ``cuda:<local rank>`` among the visible devices
@@ -38,18 +39,22 @@ one GPU, e.g. ``--conf spark.executor.resource.gpu.amount=1 --conf spark.task.re
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import os
 import pickle
+import posixpath
 import signal
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
-from ..fs import Location, check_writable, exists, location
-from ..outputs import atomic_output_dir, write_json
+from ..fs import Location, check_writable, exists, is_file, location
+from ..outputs import COMPLETE_MARKER, write_json
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .plan import TrainingPlan
@@ -302,10 +307,11 @@ def _with_assigned_gpu(*args):
 def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     import horovod.spark
 
-    from ..spark import get_spark
+    from ..spark import child_python_path, get_spark
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     _check_slots(spark, world)
+    child_python_path(spark)    # the Horovod processes the tasks start import the shipped code
     return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
                              start_timeout=cfg.start_timeout, verbose=0)
 
@@ -326,12 +332,13 @@ def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) 
 def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    from ..spark import get_spark
+    from ..spark import child_python_path, get_spark
     from .schedules import worker_entry
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if not cfg.torch_local_mode:
         _check_slots(spark, world)
+        child_python_path(spark)    # the torchrun processes the tasks start import the shipped code
     conf = dict(spark.sparkContext.getConf().getAll())
     use_gpu = torch_use_gpu(cfg.device, cfg.torch_local_mode, conf)
     res = TorchDistributor(num_processes=world, local_mode=cfg.torch_local_mode, use_gpu=use_gpu).run(
@@ -373,30 +380,62 @@ def train(cfg: TrainConfig, spark=None) -> dict:
              cfg.model, cfg.algorithm.name, plan["workers"], cfg.launcher, plan["total_steps"],
              plan["overlap_epochs"], plan["eval_every"])
     t0 = time.time()
-    with atomic_output_dir(final) as tmp:
+    with _run_output(final) as out:   # the ranks write here directly, wherever they run; committed at the end
         def launch(attempt_cfg, resume_from):
-            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(tmp), str(ck), spark)
+            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(out), str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
-        _check_staged(tmp, final)
-        restart.record_restarts(tmp / "metrics.jsonl", restarts)
+        _check_written(out, final)
+        restart.record_restarts(out.child("metrics.jsonl"), restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)
         summary.update({"resumed_from": str(start) if start else None, "restarts": restarts})
-        write_json(tmp / "summary.json", summary)
+        write_json(out.child("summary.json"), summary)
     log.info("test accuracy %.4f after %d steps in %.1f s%s", summary["test_accuracy"], summary["steps"],
              summary["seconds"], f" ({len(restarts)} restart(s))" if restarts else "")
     summary["ranks"] = results[0]["ranks"]  # per-rank details (digests, comm stats); not in summary.json
     return summary
 
 
-def _check_staged(tmp: Path, final: Location) -> None:
-    """Rank 0 writes metrics.jsonl and model.pt into the driver's directory ``tmp``: a rank 0 on
-    another machine (no shared disk) leaves it empty, which must not be committed as an output."""
-    missing = [f for f in ("metrics.jsonl", "model.pt") if not (tmp / f).is_file()]
+@contextlib.contextmanager
+def _run_output(final: Location) -> Iterator[Location]:
+    """A job-scoped temporary sibling of ``final`` (``.<name>.tmp-<id>``, a directory or an
+    ``s3://`` prefix) that the ranks write into directly; on success it becomes ``final``: renamed
+    into place on a local or shared filesystem, moved under the final prefix with ``_COMPLETE``
+    written last on an object store. On any exception it is removed and ``final`` is untouched."""
+    from ..fs import delete_tree, list_files, move_tree, write_bytes
+
+    tmp = final.sibling(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    if tmp.is_local:
+        Path(tmp.path).mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        delete_tree(tmp)
+        raise
+    if final.is_local:
+        old = final.sibling(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        if os.path.lexists(final.path):
+            os.replace(final.path, old.path)
+        os.replace(tmp.path, final.path)
+        delete_tree(old)
+        return
+    files = sorted(posixpath.relpath(f.path, tmp.path) for f in list_files(tmp))
+    delete_tree(final)
+    move_tree(tmp, final)
+    delete_tree(tmp)
+    write_bytes(final.child(COMPLETE_MARKER), json.dumps({"files": files}).encode())
+
+
+def _check_written(out: Location, final: Location) -> None:
+    """Rank 0 wrote ``metrics.jsonl`` and ``model.pt`` under ``out``. A local output that rank 0
+    wrote on another machine's disk (a cluster without a shared filesystem) is not here: one line,
+    nothing committed."""
+    missing = [f for f in ("metrics.jsonl", "model.pt") if not is_file(out.child(f))]
     if missing:
-        raise ConfigError(f"output {final}: rank 0 wrote no {' or '.join(missing)} into the driver's staging "
-                          f"directory {tmp}: rank 0 ran on another machine; use an output every worker can "
-                          "reach (a shared disk), or run rank 0 on the driver's machine for an s3:// output")
+        verb = "are" if len(missing) > 1 else "is"
+        raise ConfigError(f"output {final}: rank 0 reported success but its {' and '.join(missing)} {verb} not under "
+                          f"{out} as the driver sees it: rank 0 ran on a machine that does not share this path; "
+                          "write the output to a filesystem every node mounts or to an s3:// prefix")
 
 
 def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, seconds: float) -> dict:

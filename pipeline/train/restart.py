@@ -211,12 +211,16 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
                 _empty(ck)
 
 
-def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
-    """Insert the restart records into ``metrics.jsonl`` after the last record at or before
-    the step each restart resumed from."""
-    if not restarts or not metrics_path.is_file():
+def record_restarts(metrics_path, restarts: list[dict]) -> None:
+    """Insert the restart records into ``metrics.jsonl`` (a local path or an object-store
+    location) after the last record at or before the step each restart resumed from."""
+    from ..fs import location, read_bytes_if_exists, write_bytes
+
+    loc = location(metrics_path, output=True)
+    data = read_bytes_if_exists(loc) if restarts else None
+    if data is None:
         return
-    recs = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
     for r in restarts:
         pos = 0
         for i, m in enumerate(recs):
@@ -224,6 +228,4 @@ def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
                 break
             pos = i + 1
         recs.insert(pos, r)
-    tmp = metrics_path.with_name(metrics_path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in recs))
-    os.replace(tmp, metrics_path)
+    write_bytes(loc, "".join(json.dumps(m) + "\n" for m in recs).encode())
