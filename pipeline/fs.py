@@ -32,10 +32,8 @@ INPUT_SCHEMES = ("file", "s3", "root", "http", "https")
 _ALIASES = {"s3a": "s3", "s3n": "s3"}
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _REGION_VARS = ("AWS_REGION", "AWS_DEFAULT_REGION")
-# the settings of this layer read from the environment: every node that reads or writes data needs
-# them (pipeline.spark passes the driver's to the executors)
-NODE_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", *_ENDPOINT_VARS, *_REGION_VARS,
-                 "PIPELINE_REMOTE_TIMEOUT")
+#: every environment variable the S3 client reads (what executors need to reach the store)
+S3_ENV_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", *_ENDPOINT_VARS, *_REGION_VARS)
 
 
 @dataclass(frozen=True)
@@ -156,10 +154,10 @@ def _file_type(loc: Location):
     try:
         return loc.filesystem().get_file_info(loc.path).type
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
 
 
-def _reason(e: BaseException) -> str:
+def error_reason(e: BaseException) -> str:
     msg = " ".join(str(e).split())
     for key, reason in (("NoSuchBucket", "the bucket does not exist"), ("AccessDenied", "access denied"), ("ACCESS_DENIED", "access denied"),
                         ("InvalidAccessKeyId", "the access key is not valid"),
@@ -201,7 +199,7 @@ def check_writable(loc: Location) -> None:
     try:
         bucket = fs.get_file_info(loc.bucket)
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
     if bucket.type == pafs.FileType.NotFound:
         raise BadInputError(f"{loc}: the bucket {loc.bucket!r} does not exist")
     probe = loc.sibling(f".{loc.name}.write-probe")
@@ -210,7 +208,7 @@ def check_writable(loc: Location) -> None:
             f.write(b"probe")
         fs.delete_file(probe.path)
     except OSError as e:
-        raise BadInputError(f"{loc}: not writable: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: not writable: {error_reason(e)}") from None
 
 
 def read_bytes(loc: Location) -> bytes:
@@ -244,7 +242,7 @@ def write_bytes(loc: Location, data: bytes) -> None:
         with loc.filesystem().open_output_stream(loc.path) as f:
             f.write(data)
     except OSError as e:
-        raise BadInputError(f"{loc}: cannot write: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: cannot write: {error_reason(e)}") from None
 
 
 def read_bytes_if_exists(loc: Location) -> Optional[bytes]:
@@ -261,7 +259,7 @@ def read_bytes_if_exists(loc: Location) -> Optional[bytes]:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
 
 
 def file_size(loc: Location) -> Optional[int]:
@@ -271,7 +269,7 @@ def file_size(loc: Location) -> Optional[int]:
     try:
         info = loc.filesystem().get_file_info(loc.path)
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
     return info.size if info.type == pafs.FileType.File else None
 
 
@@ -285,7 +283,7 @@ def sha256(loc: Location) -> str:
             for piece in iter(lambda: f.read(1 << 20), b""):
                 h.update(piece)
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
     return h.hexdigest()
 
 
@@ -314,7 +312,7 @@ def list_dirs(loc: Location) -> list[Location]:
     try:
         infos = loc.filesystem().get_file_info(pafs.FileSelector(loc.path, recursive=False, allow_not_found=True))
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
     return sorted((Location(loc.scheme, i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory),
                   key=lambda x: x.path)
 
@@ -327,7 +325,7 @@ def list_files(loc: Location, suffix: str = "") -> list[Location]:
     try:
         infos = fs.get_file_info(pafs.FileSelector(loc.path, recursive=True, allow_not_found=True))
     except OSError as e:
-        raise BadInputError(f"{loc}: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: {error_reason(e)}") from None
     return sorted((Location(loc.scheme, i.path) for i in infos
                    if i.type == pafs.FileType.File and i.path.endswith(suffix)), key=lambda x: x.path)
 
@@ -345,35 +343,7 @@ def delete_tree(loc: Location) -> None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        raise BadInputError(f"{loc}: cannot delete: {_reason(e)}") from None
-
-
-def upload_tree(local_dir: Path, dest: Location) -> list[str]:
-    """Copy every file under ``local_dir`` to ``dest`` (relative paths kept); returns the keys written."""
-    import pyarrow.fs as pafs
-
-    fs = dest.filesystem()
-    written = []
-    for f in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
-        rel = f.relative_to(local_dir).as_posix()
-        target = dest.child(rel)
-        try:
-            pafs.copy_files(str(f), target.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-        except OSError as e:
-            raise BadInputError(f"{target}: cannot write: {_reason(e)}") from None
-        written.append(rel)
-    return written
-
-
-def move_tree(src: Location, dest: Location) -> None:
-    """Move every object under ``src`` to ``dest`` (S3: server-side copies, then deletes)."""
-    fs = src.filesystem()
-    for f in list_files(src):
-        rel = posixpath.relpath(f.path, src.path)
-        try:
-            fs.move(f.path, dest.child(rel).path)
-        except OSError as e:
-            raise BadInputError(f"{dest}: cannot write: {_reason(e)}") from None
+        raise BadInputError(f"{loc}: cannot delete: {error_reason(e)}") from None
 
 
 def petastorm_filesystem(loc: Location):

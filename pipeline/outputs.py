@@ -1,21 +1,20 @@
-"""Atomic outputs, run-scoped paths and JSON files, on a local disk or an S3-compatible object store.
+"""Atomic outputs written by the driver, run-scoped paths and JSON files, on a local disk or an
+S3-compatible object store.
 
-Every stage writes its output directory through :func:`atomic_output_dir`, so a failed run leaves
-nothing partial behind and a rerun replaces its own output in one step:
+Spark stages, whose tasks write the output, use the commit protocol of :mod:`pipeline.commit`
+(a job-scoped prefix on the output's filesystem, attempt-scoped names, one commit by the driver).
+:func:`atomic_output_dir` is the same commit for an output the driver writes alone with plain
+file I/O (training summaries, published study runs): it yields a local directory, and
 
-* **Local paths** (and ``file://``): the stage writes into a temporary sibling directory, which is
-  renamed into place when complete (a directory rename is atomic on a POSIX filesystem).
-* **``s3://`` outputs**: object stores have no directory rename. The stage writes into a local
-  staging directory; on success the files are uploaded under a temporary sibling prefix
-  (``.<name>.tmp-<id>/``), the previous output under the final prefix is deleted, the new files are
-  moved into place (server-side copies) and a completion marker ``_COMPLETE`` is written last.
-  Readers check the marker (:func:`require_complete`): a prefix without it is an incomplete output
-  and is refused. Any failure before the move removes the temporary prefix and leaves the previous
-  output untouched; a failure during the move leaves the final prefix without its marker.
+* **local paths** (and ``file://``): that directory is the job's prefix beside the output
+  (``.<name>.tmp-<id>``), renamed into place when the block ends;
+* **``s3://`` outputs**: a local staging directory whose files are uploaded into the job's prefix
+  and committed with the ``_COMPLETE`` marker (:class:`pipeline.commit.OutputJob`).
 
-Paths are checked before any work starts (:func:`pipeline.fs.check_writable`): a URI scheme
-nobody supports, missing credentials, a bucket that does not exist or a read-only prefix is one
-line naming the URI and the reason.
+On any exception nothing is left behind and the previous output is untouched. Paths are checked
+before any work starts (:func:`pipeline.fs.check_writable`): a URI scheme nobody supports,
+missing credentials, a bucket that does not exist or a read-only prefix is one line naming the
+URI and the reason.
 """
 from __future__ import annotations
 
@@ -24,14 +23,15 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from .commit import COMPLETE_MARKER, OutputJob, json_bytes, require_complete
 from .errors import BadInputError, ConfigError
-from .fs import Location, check_writable, delete_tree, exists, location, move_tree, read_bytes, upload_tree, write_bytes
+from .fs import Location, location, read_bytes, write_bytes
 
-COMPLETE_MARKER = "_COMPLETE"
+__all__ = ["COMPLETE_MARKER", "atomic_output_dir", "check_staging", "local_path", "read_json", "require_complete", "require_exists",
+           "run_scoped", "uri", "write_json"]
 
 
 def local_path(path: str | os.PathLike) -> Path:
@@ -53,83 +53,31 @@ def atomic_output_dir(final: str | os.PathLike, overwrite: bool = True) -> Itera
 
     On any exception nothing is left behind and ``final`` is untouched.
     """
-    loc = location(final, output=True)
-    if loc.is_local:
-        with _atomic_local(Path(loc.path), overwrite) as tmp:
-            yield tmp
-        return
-    check_writable(loc)
-    if not overwrite and exists(loc):
-        raise BadInputError(f"output already exists: {loc} (pass overwrite=true to replace it)")
-    staging = Path(tempfile.mkdtemp(prefix=f"pipeline-{loc.name}-"))
+    job = OutputJob(final, overwrite=overwrite).begin()
+    staging = Path(job.staging.path) if job.final.is_local else Path(tempfile.mkdtemp(prefix=f"pipeline-{job.final.name}-"))
     try:
         yield staging
-        _commit_remote(staging, loc)
+        if not job.final.is_local:
+            for f in sorted(p for p in staging.rglob("*") if p.is_file()):
+                job.upload(f.relative_to(staging).as_posix(), f)
+        job.commit()
+    except BaseException:
+        job.abort()
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not job.final.is_local:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_staging(master: str, out: str | os.PathLike | Location, stage: str) -> None:
-    """An object-store output of a Spark stage is staged in a local directory of the driver that the
-    executors write into (:func:`atomic_output_dir`): that needs the executors on the driver's
-    machine, i.e. a local master (``local[*]``, ``local-cluster[...]``). ConfigError otherwise, before
-    any work. Local and shared-filesystem outputs pass on any master."""
+    """For a Spark stage whose executors still write into the driver's local staging directory of
+    :func:`atomic_output_dir` (the stages not yet on :mod:`pipeline.commit`): an object-store output
+    needs a local master. ConfigError otherwise, before any work."""
     loc = out if isinstance(out, Location) else location(out, output=True)
     if not loc.is_local and not master.startswith("local"):
         raise ConfigError(f"output={loc}: the {stage} stage writes an object-store output through the driver's "
                           f"local staging directory, which the executors of spark.master={master} cannot reach; "
                           "write to a shared filesystem path instead (docs/storage.md)")
-
-
-@contextlib.contextmanager
-def _atomic_local(final: Path, overwrite: bool) -> Iterator[Path]:
-    if final.exists() and not overwrite:
-        raise BadInputError(f"output already exists: {final} (pass overwrite=true to replace it)")
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-    except OSError as e:
-        raise BadInputError(f"{final}: cannot create the output: {e.strerror or e}") from None
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _commit_remote(staging: Path, final: Location) -> None:
-    tmp = final.sibling(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        files = upload_tree(staging, tmp)
-    except BaseException:
-        delete_tree(tmp)
-        raise
-    delete_tree(final)
-    move_tree(tmp, final)
-    delete_tree(tmp)
-    write_bytes(final.child(COMPLETE_MARKER), json.dumps({"files": files}).encode())
-
-
-def require_complete(path: str | os.PathLike, what: str = "input") -> Location:
-    """``path`` exists and, on an object store, carries the completion marker of a committed output."""
-    loc = location(path)
-    if loc.is_local:
-        require_exists(loc.path, what)
-        return loc
-    if not exists(loc.child(COMPLETE_MARKER)):
-        if exists(loc):
-            raise BadInputError(f"{what} {loc} is incomplete (no {COMPLETE_MARKER} marker: "
-                                "its writer failed or is still running)")
-        raise BadInputError(f"{what} not found: {loc}")
-    return loc
 
 
 def run_scoped(root: str | os.PathLike, run_id: str | None, *parts: str) -> Path:
@@ -143,7 +91,7 @@ def run_scoped(root: str | os.PathLike, run_id: str | None, *parts: str) -> Path
 def write_json(path: str | os.PathLike, obj: Any) -> str | Path:
     """Write ``obj`` as JSON whole (a temporary file and a rename; one PUT on an object store)."""
     loc = location(path, output=True)
-    write_bytes(loc, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+    write_bytes(loc, json_bytes(obj))
     return Path(loc.path) if loc.is_local else str(loc)
 
 

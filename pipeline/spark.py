@@ -61,13 +61,11 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
     }
     if not _launched_by_spark_submit():
         settings["spark.driver.memory"] = cfg.driver_memory
-    settings.update(executor_env(os.environ))
     settings.update(cfg.conf)
     for k, v in settings.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    child_python_path(spark)
     return spark
 
 
@@ -90,17 +88,6 @@ def child_python_path(spark) -> None:
     missing = [n for n in names if n not in current]
     if missing:
         sc.environment["PYTHONPATH"] = os.pathsep.join(current + missing)
-
-
-def executor_env(environ) -> dict[str, str]:
-    """``spark.executorEnv.<VAR>`` for each storage setting of the driver's environment
-    (``pipeline.fs.NODE_ENV_VARS``: the S3 endpoint, region and credentials, the remote-read
-    timeout): tasks read and write the object store themselves, so on a cluster the executors need
-    the same settings, and a node of its own has none. Spark redacts the credentials in its UI
-    and logs (``spark.redaction.regex``). A value set in the stage's ``spark.conf`` wins."""
-    from .fs import NODE_ENV_VARS
-
-    return {f"spark.executorEnv.{k}": environ[k] for k in NODE_ENV_VARS if environ.get(k)}
 
 
 def task_slots(spark) -> int:
@@ -149,6 +136,20 @@ def check_task_slots(spark, workers: int, wait_s: Optional[float] = None) -> int
                           f"({spark.sparkContext.master}) has {slots}; lower workers or give Spark more cores "
                           f"(e.g. --master local[{workers}] or more executors)")
     return slots
+
+
+def forward_s3_settings(spark) -> None:
+    """Give the Python tasks started from now on the driver's S3 settings (the variables of
+    :data:`pipeline.fs.S3_ENV_VARS` set on the driver), as ``spark.executorEnv.<NAME>`` does at
+    start-up: a stage whose tasks read or write ``s3://`` calls it before running them. A changed
+    value starts new Python workers (Spark keys its workers by their environment)."""
+    from .fs import S3_ENV_VARS
+
+    env = spark.sparkContext.environment
+    for name in S3_ENV_VARS:
+        value = os.environ.get(name)
+        if value is not None and env.get(name) != value:
+            env[name] = value
 
 
 # --------------------------------------------------------------------------------------------

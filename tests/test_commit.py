@@ -1,0 +1,228 @@
+"""The commit protocol of outputs written by Spark tasks (pipeline/commit.py): tasks write under a
+job-scoped prefix with attempt-scoped names, the driver commits exactly the attempts Spark kept.
+
+On a local path and on a real S3 server (moto, loopback): the commit itself with losing and
+partial attempts left behind, the refusals, and fault drills in a Spark session that retries tasks
+(``local[2,4]``, a process of its own): the first attempt of every task is killed (``os._exit``
+of the Python worker) or fails, mid-write or after a complete file, and the committed output must
+hold exactly the rows, once each, in readable files.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import fs
+from pipeline.commit import (ATTEMPT_DDL, ATTEMPTS, COMPLETE_MARKER, JobTarget, OutputJob, attempt_schema,
+                             committed_files, output_job)
+from pipeline.errors import BadInputError, PipelineError
+from servers import environment, s3_server
+from spark_process import run_drills
+
+ROWS, PARTS = 400, 4
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with s3_server(tmp_path_factory.mktemp("moto")) as server:
+        yield server
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """The parent of the outputs: a local directory or a prefix on the S3 server."""
+    if request.param == "local":
+        yield str(tmp_path)
+        return
+    server = request.getfixturevalue("s3")
+    with environment(**server.env("writer")):
+        yield f"s3://{server.bucket}/{tmp_path.name}"
+
+
+def _names(uri: str) -> list[str]:
+    loc = fs.location(uri)
+    return [os.path.relpath(f.path, loc.path) for f in fs.list_files(loc)]
+
+
+def _table(lo: int, hi: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(lo, hi), pa.int64())})
+
+
+def _read_ids(uri: str) -> list[int]:
+    ids: list[int] = []
+    for f in committed_files(uri, ".parquet"):
+        with f.filesystem().open_input_file(f.path) as fh:
+            ids.extend(pq.read_table(fh).column("id").to_pylist())
+    return ids
+
+
+def test_commit_keeps_the_reported_attempts_only(root):
+    """Two attempts of task 0 (the loser's file complete, one more half-written file), one of task 1:
+    the committed output holds the reported attempts' files under their output names, the driver's
+    file, nothing of the other attempts, and no job prefix is left beside it."""
+    out = f"{root}/out"
+    with output_job(out) as job:
+        loser = job.target.attempt(stage=3, partition=0, attempt=0, task_attempt_id=10)
+        loser.write_table("part-00000.parquet", _table(0, 50))
+        loser.write_bytes("part-00000-extra.bin", b"half a fi")
+        winner = job.target.attempt(stage=3, partition=0, attempt=1, task_attempt_id=12)
+        winner.write_table("part-00000.parquet", _table(0, 100))
+        other = job.target.attempt(stage=3, partition=1, attempt=0, task_attempt_id=11)
+        other.write_table("sub/part-00001.parquet", _table(100, 200))
+        other.write_bytes("sub/dropped.bin", b"x")
+        other.discard("sub/dropped.bin")
+        job.add([winner.record(), other.record()])
+        job.write_json("_report.json", {"rows": 200})
+        assert fs.exists(fs.location(loser.location("part-00000.parquet")))   # still there before the commit
+    expected = ["_report.json", "part-00000.parquet", "sub/part-00001.parquet"]
+    remote = not fs.location(out).is_local
+    assert _names(out) == sorted(expected + ([COMPLETE_MARKER] if remote else []))
+    assert sorted(_read_ids(out)) == list(range(200))
+    assert [os.path.relpath(f.path, fs.location(out).path) for f in committed_files(out)] == expected[1:]
+    assert _names(root) == [f"out/{n}" for n in _names(out)]                  # no job prefix, no attempts
+    if remote:
+        marker = json.loads(fs.read_bytes(fs.location(out).child(COMPLETE_MARKER)))
+        assert marker["files"] == expected
+
+
+def test_commit_replaces_the_previous_output_and_a_failure_keeps_it(root):
+    out = f"{root}/out"
+    with output_job(out) as job:
+        a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+        a.write_table("part-00000.parquet", _table(0, 10))
+        job.add([a.record()])
+    with output_job(out) as job:
+        a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+        a.write_table("part-new.parquet", _table(10, 20))
+        job.add([a.record()])
+    assert _read_ids(out) == list(range(10, 20))
+    before = {n: fs.read_bytes(fs.location(out).child(n)) for n in _names(out)}
+    with pytest.raises(RuntimeError, match="boom"):
+        with output_job(out) as job:
+            a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+            a.write_table("part-00000.parquet", _table(0, 5))
+            job.add([a.record()])
+            raise RuntimeError("boom")
+    assert {n: fs.read_bytes(fs.location(out).child(n)) for n in _names(out)} == before
+    assert _names(root) == [f"out/{n}" for n in sorted(before)]
+
+
+def test_a_stray_object_beside_a_committed_output_is_not_read(s3, tmp_path):
+    """Readers of an object store trust the marker's list: an object a zombie attempt (or anyone)
+    put under the prefix after the commit is not one of the dataset's files."""
+    with environment(**s3.env("writer")):
+        out = f"s3://{s3.bucket}/stray/out"
+        with output_job(out) as job:
+            a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+            a.write_table("part-00000.parquet", _table(0, 10))
+            job.add([a.record()])
+        fs.write_bytes(fs.location(out).child("part-00000-zombie.parquet"), b"PAR1 half")
+        assert [f.name for f in committed_files(out, ".parquet")] == ["part-00000.parquet"]
+        assert _read_ids(out) == list(range(10))
+        marker = fs.location(out).child(COMPLETE_MARKER)
+        marker.filesystem().delete_file(marker.path)
+        with pytest.raises(BadInputError, match="incomplete"):
+            committed_files(out)
+
+
+def test_add_refuses_two_attempts_of_a_task_and_a_name_written_twice(tmp_path):
+    with pytest.raises(PipelineError, match="two attempts of task"):
+        with output_job(tmp_path / "a") as job:
+            x = [job.target.attempt(stage=1, partition=0, attempt=n, task_attempt_id=n) for n in (0, 1)]
+            for a in x:
+                a.write_bytes("f.bin", b"x")
+            job.add([a.record() for a in x])
+    with pytest.raises(PipelineError, match="f.bin was written twice"):
+        with output_job(tmp_path / "b") as job:
+            x = [job.target.attempt(stage=1, partition=p, attempt=0, task_attempt_id=p) for p in (0, 1)]
+            for a in x:
+                a.write_bytes("f.bin", b"x")
+            job.add([a.record() for a in x])
+    for bad in ("../escape.bin", "/abs.bin", f"{ATTEMPTS}/x.bin", COMPLETE_MARKER):
+        with pytest.raises(ValueError, match="not a file name inside an output"):
+            JobTarget(str(tmp_path / ".t")).attempt(stage=0, partition=0, attempt=0, task_attempt_id=0).location(bad)
+    assert sorted(os.listdir(tmp_path)) == []                                # both jobs aborted, nothing left
+
+
+def test_overwrite_false_refuses_an_existing_output(root):
+    out = f"{root}/out"
+    with output_job(out) as job:
+        job.write_bytes("a.txt", b"a")
+    with pytest.raises(BadInputError, match="output already exists"):
+        OutputJob(out, overwrite=False).begin()
+
+
+# --------------------------------------------------------------------------------------------
+# fault drills: a real Spark session that retries tasks
+# --------------------------------------------------------------------------------------------
+
+def _write_numbers(batches, *, target: JobTarget, unique: bool):
+    """Task: the partition's ids as one Parquet file in row groups of 25 rows (a half-written file
+    cuts a row group), named ``part-<partition>.parquet`` or, with ``unique``, with a random part
+    per attempt as Spark's own writers name them (a retry does not overwrite the failed attempt's
+    file: only the commit keeps it out)."""
+    import uuid
+
+    attempt = target.attempt()
+    table = pa.Table.from_batches(list(batches))
+    name = f"part-{attempt.partition:05d}" + (f"-{uuid.uuid4().hex[:8]}" if unique else "")
+    nbytes = attempt.write_table(f"{name}.parquet", table, row_group_size=25)
+    yield pa.RecordBatch.from_pylist([{"rows": table.num_rows, "bytes": nbytes, **attempt.record()}],
+                                     schema=attempt_schema(("rows", pa.int64()), ("bytes", pa.int64())))
+
+
+def numbers_job(spark, output: str, unique: bool = False) -> dict:
+    """A job of PARTS tasks writing ids 0..ROWS-1 through the protocol; the attempts it committed."""
+    from pipeline.spark import spark_task
+
+    df = spark.range(0, ROWS, 1, PARTS)
+    with output_job(output) as job:
+        rows = df.mapInArrow(spark_task(functools.partial(_write_numbers, target=job.target, unique=unique)),
+                             f"rows long, bytes long, {ATTEMPT_DDL}").collect()
+        job.add(rows)
+        job.write_json("_job.json", {"rows": sum(r.rows for r in rows)})
+    return {"attempts": sorted(r.attempt_dir for r in rows), "rows": sum(r.rows for r in rows)}
+
+
+#: (fault, unique names) of the local drills
+FAULTS = [("mid:exit", True), ("after:raise", True), ("after:exit", False), ("mid:raise", False)]
+
+
+def _check_numbers(out: str, drill: dict) -> None:
+    assert "result" in drill, drill
+    assert drill["result"]["rows"] == ROWS
+    # every task's first attempt failed: the committed attempt is the retry (attempt number 1)
+    assert [a.split("-")[2] for a in drill["result"]["attempts"]] == ["a1"] * PARTS, drill
+    names = [n[:len("part-00000")] if n.startswith("part-") else n for n in _names(out)]
+    expected = sorted([f"part-{p:05d}" for p in range(PARTS)] + ["_job.json"])
+    assert names == (expected if fs.location(out).is_local else sorted(expected + [COMPLETE_MARKER]))
+    assert sorted(_read_ids(out)) == list(range(ROWS))                    # exact rows, none twice, none partial
+
+
+@pytest.mark.slow
+def test_killed_and_failed_attempts_leave_exact_outputs_local_and_s3(s3, tmp_path):
+    """Each drill kills (``os._exit`` of the Python worker) or fails the first attempt of every task
+    mid-write (half of the Parquet file written and closed) or after a complete file; Spark retries
+    it. The committed output, on a local path and on S3, holds the ids exactly once, in complete
+    files, and no job prefix is left. A clean run is the control."""
+    bucket = f"s3://{s3.bucket}/drills"
+    calls = [{"call": "test_commit:numbers_job", "kwargs": {"output": str(tmp_path / f"local-{i}"), "unique": u},
+              "fault": f} for i, (f, u) in enumerate(FAULTS)]
+    calls += [{"call": "test_commit:numbers_job", "kwargs": {"output": f"{bucket}/s3-{i}", "unique": True},
+               "fault": f} for i, f in enumerate(["mid:exit", "after:raise"])]
+    calls.append({"call": "test_commit:numbers_job", "kwargs": {"output": str(tmp_path / "clean")}, "fault": None})
+    drills = run_drills(calls, env=s3.env("writer"))
+    for call, drill in zip(calls[:-1], drills[:-1]):
+        with environment(**s3.env("writer")):
+            _check_numbers(call["kwargs"]["output"], drill)
+    assert [a.split("-")[2] for a in drills[-1]["result"]["attempts"]] == ["a0"] * PARTS
+    assert sorted(_read_ids(str(tmp_path / "clean"))) == list(range(ROWS))
+    assert sorted(os.listdir(tmp_path)) == sorted([f"local-{i}" for i in range(len(FAULTS))] + ["clean"])
+    with environment(**s3.env("writer")):
+        assert sorted({n.split("/")[0] for n in _names(bucket)}) == ["s3-0", "s3-1"]
