@@ -39,8 +39,6 @@ one GPU, e.g. ``--conf spark.executor.resource.gpu.amount=1 --conf spark.task.re
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
 import os
@@ -48,13 +46,12 @@ import pickle
 import posixpath
 import signal
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
-from ..fs import Location, check_writable, exists, is_file, location
-from ..outputs import COMPLETE_MARKER, write_json
+from ..commit import ATTEMPTS, output_job
+from ..fs import Location, check_writable, exists, list_files, location
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .plan import TrainingPlan
@@ -307,11 +304,11 @@ def _with_assigned_gpu(*args):
 def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     import horovod.spark
 
-    from ..spark import child_python_path, get_spark
+    from ..spark import get_spark
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     _check_slots(spark, world)
-    child_python_path(spark)    # the Horovod processes the tasks start import the shipped code
+    _task_environment(spark)
     return horovod.spark.run(_with_assigned_gpu, args=args, num_proc=world, use_gloo=True,
                              start_timeout=cfg.start_timeout, verbose=0)
 
@@ -332,18 +329,27 @@ def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) 
 def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    from ..spark import child_python_path, get_spark
+    from ..spark import get_spark
     from .schedules import worker_entry
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if not cfg.torch_local_mode:
         _check_slots(spark, world)
-        child_python_path(spark)    # the torchrun processes the tasks start import the shipped code
+        _task_environment(spark)
     conf = dict(spark.sparkContext.getConf().getAll())
     use_gpu = torch_use_gpu(cfg.device, cfg.torch_local_mode, conf)
     res = TorchDistributor(num_processes=world, local_mode=cfg.torch_local_mode, use_gpu=use_gpu).run(
         worker_entry, *args)
     return [res]
+
+
+def _task_environment(spark) -> None:
+    """The workers run in Spark tasks (and the processes Horovod and TorchDistributor start from
+    them): give them the driver's S3 settings and the shipped code's path."""
+    from ..spark import child_python_path, forward_s3_settings
+
+    forward_s3_settings(spark)
+    child_python_path(spark)
 
 
 def _check_slots(spark, world: int) -> None:
@@ -380,62 +386,49 @@ def train(cfg: TrainConfig, spark=None) -> dict:
              cfg.model, cfg.algorithm.name, plan["workers"], cfg.launcher, plan["total_steps"],
              plan["overlap_epochs"], plan["eval_every"])
     t0 = time.time()
-    with _run_output(final) as out:   # the ranks write here directly, wherever they run; committed at the end
+    with output_job(final) as job:   # the ranks write into the job's prefix directly, wherever they run
+        launches: list[str] = []
+
         def launch(attempt_cfg, resume_from):
-            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(out), str(ck), spark)
+            launches.append(launch_dir(len(launches)))
+            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(job.staging.child(launches[-1])),
+                               str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
-        _check_written(out, final)
-        restart.record_restarts(out.child("metrics.jsonl"), restarts)
+        _keep_rank0_files(job, launches[-1])
+        restart.record_restarts(job.kept()["metrics.jsonl"], restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)
         summary.update({"resumed_from": str(start) if start else None, "restarts": restarts})
-        write_json(out.child("summary.json"), summary)
+        job.write_json("summary.json", summary)
     log.info("test accuracy %.4f after %d steps in %.1f s%s", summary["test_accuracy"], summary["steps"],
              summary["seconds"], f" ({len(restarts)} restart(s))" if restarts else "")
     summary["ranks"] = results[0]["ranks"]  # per-rank details (digests, comm stats); not in summary.json
     return summary
 
 
-@contextlib.contextmanager
-def _run_output(final: Location) -> Iterator[Location]:
-    """A job-scoped temporary sibling of ``final`` (``.<name>.tmp-<id>``, a directory or an
-    ``s3://`` prefix) that the ranks write into directly; on success it becomes ``final``: renamed
-    into place on a local or shared filesystem, moved under the final prefix with ``_COMPLETE``
-    written last on an object store. On any exception it is removed and ``final`` is untouched."""
-    from ..fs import delete_tree, list_files, move_tree, write_bytes
+def launch_dir(launch: int) -> str:
+    """Where rank 0 of the ``launch``-th launch of the workers writes, inside the job's prefix.
 
-    tmp = final.sibling(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    if tmp.is_local:
-        Path(tmp.path).mkdir(parents=True)
-    try:
-        yield tmp
-    except BaseException:
-        delete_tree(tmp)
-        raise
-    if final.is_local:
-        old = final.sibling(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        if os.path.lexists(final.path):
-            os.replace(final.path, old.path)
-        os.replace(tmp.path, final.path)
-        delete_tree(old)
-        return
-    files = sorted(posixpath.relpath(f.path, tmp.path) for f in list_files(tmp))
-    delete_tree(final)
-    move_tree(tmp, final)
-    delete_tree(tmp)
-    write_bytes(final.child(COMPLETE_MARKER), json.dumps({"files": files}).encode())
+    The run's files are written by one writer, rank 0, like one task of a Spark stage: a launch is
+    an attempt of that task (:mod:`pipeline.commit`'s attempt-scoped names, with stage -1: not a
+    Spark stage). A relaunch after a lost worker writes a fresh directory, so a lost launch's
+    partial ``metrics.jsonl`` or ``model.pt`` is never committed."""
+    return f"{ATTEMPTS}/s-1-p0-a{launch}-t-1"
 
 
-def _check_written(out: Location, final: Location) -> None:
-    """Rank 0 wrote ``metrics.jsonl`` and ``model.pt`` under ``out``. A local output that rank 0
-    wrote on another machine's disk (a cluster without a shared filesystem) is not here: one line,
-    nothing committed."""
-    missing = [f for f in ("metrics.jsonl", "model.pt") if not is_file(out.child(f))]
+def _keep_rank0_files(job, attempt_dir: str) -> None:
+    """Commit what rank 0 wrote in the last launch; it must have written ``metrics.jsonl`` and
+    ``model.pt`` where the driver reads them. A local output that rank 0 wrote on another machine's
+    disk (a cluster without a shared filesystem) is not there: one line, nothing committed."""
+    where = job.staging.child(attempt_dir)
+    files = [posixpath.relpath(f.path, where.path) for f in list_files(where)]
+    missing = [f for f in ("metrics.jsonl", "model.pt") if f not in files]
     if missing:
         verb = "are" if len(missing) > 1 else "is"
-        raise ConfigError(f"output {final}: rank 0 reported success but its {' and '.join(missing)} {verb} not under "
-                          f"{out} as the driver sees it: rank 0 ran on a machine that does not share this path; "
-                          "write the output to a filesystem every node mounts or to an s3:// prefix")
+        raise ConfigError(f"output {job.final}: rank 0 reported success but its {' and '.join(missing)} {verb} not "
+                          f"under {where} as the driver sees it: rank 0 ran on a machine that does not share this "
+                          "path; write the output to a filesystem every node mounts or to an s3:// prefix")
+    job.add([{"attempt_dir": attempt_dir, "files": files}])
 
 
 def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, seconds: float) -> dict:

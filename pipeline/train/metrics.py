@@ -115,10 +115,11 @@ class MetricsWriter:
         if self._tb_dir is not None:
             import shutil
 
-            from ..fs import upload_tree
+            from ..fs import write_bytes
 
             local, dest = self._tb_dir
-            upload_tree(Path(local), dest)
+            for f in sorted(p for p in Path(local).rglob("*") if p.is_file()):
+                write_bytes(dest.child(f.relative_to(local).as_posix()), f.read_bytes())
             shutil.rmtree(local, ignore_errors=True)
             self._tb_dir = None
 
