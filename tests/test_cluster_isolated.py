@@ -54,7 +54,14 @@ def probe(_):
         f.write("written by a task")
     with open(task_file) as f:
         read_back = f.read()
-    yield {"namespace": os.readlink("/proc/self/ns/mnt"), "saw_driver_file": saw_driver_file,
+    try:    # the node has no S3 settings of its own; a task that reaches for the store says which are missing
+        from pipeline import fs
+        fs.location("s3://bucket/x").filesystem()
+        s3_error = None
+    except Exception as e:
+        s3_error = f"{type(e).__name__}: {e}"
+    yield {"aws_vars": sorted(k for k in os.environ if k.startswith("AWS_")), "s3_error": s3_error,
+           "namespace": os.readlink("/proc/self/ns/mnt"), "saw_driver_file": saw_driver_file,
            "read_back": read_back, "code": os.path.abspath(pipeline.__file__),
            "checkout_visible": os.path.exists(os.path.join(os.environ["PIPELINE_REPO"], "pipeline"))}
 
@@ -85,6 +92,10 @@ def test_tasks_cannot_see_the_drivers_files_and_their_writes_never_reach_it(clus
     assert all(t["read_back"] == "written by a task" for t in tasks)
     # ...and never reaches the driver
     assert not task_file.exists() and not task_file.parent.exists()
+    # a worker has no S3 settings of its own (jobs bring them): the store is refused in one line naming them
+    assert all(t["aws_vars"] == [] for t in tasks)
+    assert all(t["s3_error"].startswith("BadInputError: s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID")
+               and "\n" not in t["s3_error"] for t in tasks), tasks
     # the code came with --py-files, not from the checkout (which the workers cannot see)
     assert not any(t["checkout_visible"] for t in tasks)
     assert all(t["code"].startswith("/tmp/spark-worker") and "pipeline.zip" in t["code"] for t in tasks), tasks
@@ -417,9 +428,10 @@ def test_a_worker_killed_during_the_feature_stage_leaves_a_complete_correct_outp
 
 # ----------------------------------------------------------------------------------------- bad input
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("case", ["no-bucket", "no-credentials", "executors-without-s3-settings",
-                                  "unreachable-xrootd"])
+@pytest.mark.parametrize("case", ["no-bucket", "no-credentials", "unreachable-xrootd"])
 def test_bad_input_on_the_cluster_is_one_line_and_nothing_is_written(cluster, s3, xrd, tmp_path, case):
+    """(Workers without S3 settings of their own: every case above writes to the store through
+    them; a task that has none is one line, see the isolation probe.)"""
     from pipeline.train.comm.ports import free_port
     from servers import environment
 
@@ -431,9 +443,6 @@ def test_bad_input_on_the_cluster_is_one_line_and_nothing_is_written(cluster, s3
     output, input_url, env, extra, needle = {
         "no-bucket": ("s3://no-such-bucket/features", good, {}, {}, "the bucket 'no-such-bucket' does not exist"),
         "no-credentials": (f"{prefix}/features", good, no_keys, {}, "no S3 credentials"),
-        "executors-without-s3-settings": (
-            f"{prefix}/features", good, {},
-            {"spark.conf": {f"spark.executorEnv.{k}": "" for k in no_keys}}, "AWS_ACCESS_KEY_ID"),
         "unreachable-xrootd": (f"{prefix}/features", dead, {}, {}, dead_server),
     }[case]
     r = cluster.submit(str(REPO / "jobs" / "features.py"), *_features_args(input_url, output, **extra),
