@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import sys
 from typing import Optional
@@ -67,27 +66,6 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def child_python_path(spark) -> None:
-    """Let the Python processes a task starts import the project's code as the task does.
-
-    PySpark puts the files of ``--py-files`` (``spark.submit.pyFiles``) on the ``sys.path`` of its
-    Python workers only; processes those start (Horovod's and TorchDistributor's training
-    workers) see the ``PYTHONPATH`` of the environment. On a cluster the executors keep the files in
-    their working directory, so their names join the ``PYTHONPATH`` of the Python workers of every
-    later task (``SparkContext.environment``, where PySpark keeps ``spark.executorEnv.*``). Code
-    installed in the executors' environment (``--archives`` of a packed virtualenv, an image) needs
-    nothing; a local master neither. Idempotent."""
-    sc = spark.sparkContext
-    if _LOCAL.match(sc.master):
-        return
-    names = [posixpath.basename(f.rstrip("/")) for f in (sc.getConf().get("spark.submit.pyFiles") or "").split(",")
-             if f.strip()]
-    current = [p for p in sc.environment.get("PYTHONPATH", "").split(os.pathsep) if p]
-    missing = [n for n in names if n not in current]
-    if missing:
-        sc.environment["PYTHONPATH"] = os.pathsep.join(current + missing)
 
 
 def task_slots(spark) -> int:

@@ -9,8 +9,9 @@ pytest's tmp root), pytest's tmp root wherever it is, and the checkout (its ``ru
 project's code). Only the virtualenv is mounted back inside the hidden checkout: it is the node's
 "image" (Python, PySpark, torch, Horovod), and it holds no project code (the package is an editable
 install pointing at the hidden checkout). The code reaches the executors as it would on a real
-cluster: ``spark-submit --py-files`` of a zip of ``pipeline/`` (:func:`pipeline_zip`), served by
-the driver. A file a task writes to a driver path lands on the worker's private tmpfs and never
+cluster: ``spark-submit --archives hep-code.zip#hep`` of ``pipeline/`` and ``schemas/``
+(:func:`code_archive`), served by the driver and unpacked in each executor's working directory,
+with ``spark.executorEnv.PYTHONPATH=hep`` (the tasks and the processes they start import it). A file a task writes to a driver path lands on the worker's private tmpfs and never
 reaches the driver; data travels through the servers only (moto S3, XRootD, Spark's own RPC).
 
 ``isolated=False`` starts the same cluster with workers that see the driver's files (the shared-disk
@@ -33,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from pipeline.fs import S3_ENV_VARS
 from pipeline.train.comm.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.prefix)
-# the S3 settings the workers must NOT have of their own: a job brings them (spark.executorEnv.*)
-_NODE_UNSET = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-               "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "PYTHONPATH")
+# what the workers must NOT have of their own: the S3 settings (a job brings them) and a Python path
+_NODE_UNSET = (*S3_ENV_VARS, "PYTHONPATH")
 
 # run in the worker's new mount namespace: hide PIPELINE_HIDE (':'-separated) under private tmpfs,
 # mount the image (PIPELINE_IMAGE, opened before the hiding) back in place, then exec the worker
@@ -60,13 +61,14 @@ exec "$@"
 """
 
 
-def pipeline_zip(dest: Path) -> Path:
-    """The project's code as ``spark-submit --py-files`` ships it: ``pipeline/`` in a zip."""
-    out = dest / "pipeline.zip"
+def code_archive(dest: Path) -> Path:
+    """The project as ``spark-submit --archives`` ships it to the executors: ``pipeline/`` and the
+    ``schemas/`` it reads beside it, in a zip."""
+    out = dest / "hep-code.zip"
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        for f in sorted((REPO / "pipeline").rglob("*.py")):
-            if "__pycache__" not in f.parts:
-                z.write(f, f.relative_to(REPO).as_posix())
+        files = [*(REPO / "pipeline").rglob("*.py"), *(REPO / "schemas").rglob("*.json")]
+        for f in sorted(f for f in files if "__pycache__" not in f.parts):
+            z.write(f, f.relative_to(REPO).as_posix())
     return out
 
 
@@ -101,7 +103,7 @@ class Cluster:
     url: str
     ui: int
     log_dir: Path
-    py_files: Path
+    code: Path
     isolated: bool
     hide: list[str]
     workers: list[Worker] = field(default_factory=list)
@@ -117,10 +119,10 @@ class Cluster:
         return env
 
     def submit_cmd(self, *args: str, conf: Optional[dict] = None) -> list[str]:
-        """``spark-submit`` against this cluster, the project's code shipped with ``--py-files``."""
+        """``spark-submit`` against this cluster, the project's code shipped with ``--archives``."""
         cmd = [str(VENV / "bin" / "spark-submit"), "--master", self.url, "--total-executor-cores", "2",
                "--executor-cores", "1", "--executor-memory", "1g", "--driver-memory", "1g",
-               "--py-files", str(self.py_files),
+               "--archives", f"{self.code}#hep", "--conf", "spark.executorEnv.PYTHONPATH=hep",
                "--conf", f"spark.pyspark.python={sys.executable}",
                "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
                # jobs start once both executors registered (slow to start on a loaded machine)
@@ -247,7 +249,7 @@ def standalone_cluster(log_dir: Path, workers: int = 2, isolated: bool = True,
     log_dir.mkdir(parents=True, exist_ok=True)
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
     port, ui = free_port(), free_port()
-    cluster = Cluster(url=f"spark://127.0.0.1:{port}", ui=ui, log_dir=log_dir, py_files=pipeline_zip(log_dir),
+    cluster = Cluster(url=f"spark://127.0.0.1:{port}", ui=ui, log_dir=log_dir, code=code_archive(log_dir),
                       isolated=isolated, hide=hidden_paths(basetemp) if isolated else [],
                       workers=[Worker(i) for i in range(workers)], _spark_class=spark_class)
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(log_dir / "master"))

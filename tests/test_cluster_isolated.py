@@ -1,11 +1,11 @@
 """The pipeline on a Spark standalone cluster whose workers share no disk with the driver
 (tests/cluster_fixtures.py: each worker in a mount namespace of its own, private tmpfs over the
-driver's /tmp, pytest's tmp root and the checkout; the code shipped with ``--py-files``). Storage is
+driver's /tmp, pytest's tmp root and the checkout; the code shipped with ``--archives``). Storage is
 the moto S3 server, ROOT inputs come from the XRootD server (tests/servers.py), all on loopback.
 
 One cluster serves every case of the module. First the isolation itself is proven (a task's write
 to a driver path never reaches the driver, a driver file is invisible to the tasks, the code the
-executors run is the shipped zip), then the pipeline's stages run on it end to end.
+executors run is the shipped archive), then the pipeline's stages run on it end to end.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def probe(_):
         s3_error = None
     except Exception as e:
         s3_error = f"{type(e).__name__}: {e}"
-    yield {"aws_vars": sorted(k for k in os.environ if k.startswith("AWS_")), "s3_error": s3_error,
+    yield {"s3_settings": sorted(k for k in fs.S3_ENV_VARS if k in os.environ), "s3_error": s3_error,
            "namespace": os.readlink("/proc/self/ns/mnt"), "saw_driver_file": saw_driver_file,
            "read_back": read_back, "code": os.path.abspath(pipeline.__file__),
            "checkout_visible": os.path.exists(os.path.join(os.environ["PIPELINE_REPO"], "pipeline"))}
@@ -93,12 +93,13 @@ def test_tasks_cannot_see_the_drivers_files_and_their_writes_never_reach_it(clus
     # ...and never reaches the driver
     assert not task_file.exists() and not task_file.parent.exists()
     # a worker has no S3 settings of its own (jobs bring them): the store is refused in one line naming them
-    assert all(t["aws_vars"] == [] for t in tasks)
+    assert all(t["s3_settings"] == [] for t in tasks), tasks
     assert all(t["s3_error"].startswith("BadInputError: s3://bucket/x: no S3 credentials: set AWS_ACCESS_KEY_ID")
                and "\n" not in t["s3_error"] for t in tasks), tasks
-    # the code came with --py-files, not from the checkout (which the workers cannot see)
+    # the code came with --archives, not from the checkout (which the workers cannot see)
     assert not any(t["checkout_visible"] for t in tasks)
-    assert all(t["code"].startswith("/tmp/spark-worker") and "pipeline.zip" in t["code"] for t in tasks), tasks
+    assert all(t["code"].startswith("/tmp/spark-worker") and t["code"].endswith("/hep/pipeline/__init__.py")
+               for t in tasks), tasks
 
 
 def test_the_cluster_listens_on_loopback_only(cluster):
@@ -307,16 +308,19 @@ _FEATURES = {"samples": _SAMPLES, "step_size": 10, "test_fraction": 0.2, "val_fr
 
 @pytest.fixture(scope="module")
 def delphes_export(delphes_root, tmp_path_factory) -> Path:
-    """Delphes-layout ttbar / W+jets files (boosted real delphes.root events), 2 per class, 30
-    events each: 12 feature tasks of 10 events."""
+    """Delphes-layout ttbar / W+jets files (the boosted events of the real delphes.root, each file
+    in another order), 2 per class: 12 feature tasks of at most 10 events."""
     import hep_root_fixtures as H
 
+    import numpy as np
+
     d = tmp_path_factory.mktemp("delphes-export")
-    colls = H.boosted(H.read_required(delphes_root))
+    colls = H.boosted(H.read_required(delphes_root))          # the 25 events of delphes.root
+    n = len(colls["Muon"])
     for c, name in enumerate(_CLASSES):
         for k in range(2):
-            first = 30 * (2 * c + k)
-            H.write_delphes_like(d / f"{name}_{k:04d}.root", H.take(colls, list(range(first, first + 30))))
+            order = np.random.default_rng(10 * c + k).permutation(n)
+            H.write_delphes_like(d / f"{name}_{k:04d}.root", H.take(colls, order))
     return d
 
 

@@ -344,12 +344,11 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
 
 
 def _task_environment(spark) -> None:
-    """The workers run in Spark tasks (and the processes Horovod and TorchDistributor start from
-    them): give them the driver's S3 settings and the shipped code's path."""
-    from ..spark import child_python_path, forward_s3_settings
+    """The workers run in Spark tasks (and in the processes Horovod and TorchDistributor start
+    from them, which inherit the tasks' environment): give them the driver's S3 settings."""
+    from ..spark import forward_s3_settings
 
     forward_s3_settings(spark)
-    child_python_path(spark)
 
 
 def _check_slots(spark, world: int) -> None:
