@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import Field
 
 from .config import StageConfig, build_config
+from .fs import Location, location
 from .features.layout import CLASS_NAMES
 from .ingest.images import ImagesIngestConfig, ingest_images
 from .outputs import local_path, write_json
@@ -115,10 +116,12 @@ class HepRunConfig(StageConfig):
     train: TrainConfig = Field(default_factory=_default_hep_train)
 
 
-def _hep_paths(root: Path) -> dict:
-    return {"simulated": root / "simulated", "events": root / "events", "features": root / "features",
-            "real_delphes": root / "real" / "delphes", "real_nanoaod": root / "real" / "nanoaod",
-            "real_features": root / "real" / "features", "shards": root / "shards", "train": root / "train"}
+def _hep_paths(root: Location) -> dict:
+    """Every stage's output under ``output_root`` (a local path or an ``s3://`` prefix)."""
+    return {k: root.child(*rel.split("/")) for k, rel in {
+        "simulated": "simulated", "events": "events", "features": "features", "real_delphes": "real/delphes",
+        "real_nanoaod": "real/nanoaod", "real_features": "real/features", "shards": "shards",
+        "train": "train"}.items()}
 
 
 def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
@@ -138,11 +141,11 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
                                                   "tree": "Delphes", "output": str(p["events"])}),
         "features": build_config(FeaturesConfig, {**cfg.features, "input": str(p["events"]), "samples": samples,
                                                   "output": str(p["features"])}),
-        "shard": cfg.shard.model_copy(update={"input": str(p["features"] / "hlf"), "output": str(p["shards"]),
+        "shard": cfg.shard.model_copy(update={"input": str(p["features"].child("hlf")), "output": str(p["shards"]),
                                               "workers": cfg.workers}),
-        "train": cfg.train.model_copy(update={"manifest": str(p["shards"] / "manifest.json"),
+        "train": cfg.train.model_copy(update={"manifest": str(p["shards"].child("manifest.json")),
                                               "output": str(p["train"]), "workers": cfg.workers,
-                                              "scaling": str(p["features"] / "scaling.json")}),
+                                              "scaling": str(p["features"].child("scaling.json"))}),
     }
     if cfg.real_samples:
         s = coffea_samples()
@@ -152,7 +155,7 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
         # two NanoAOD files with different branch sets: one ingestion each (a run needs one schema)
         for name in ("nano_dy", "nano_tt_v12"):
             out[f"real_{name}"] = build_config(IngestRootConfig, {
-                "input": str(s / f"{name}.root"), "tree": "Events", "output": str(p["real_nanoaod"] / name),
+                "input": str(s / f"{name}.root"), "tree": "Events", "output": str(p["real_nanoaod"].child(name)),
                 "schema_name": f"root/nanoaod_{name}"})
         out["real_features"] = build_config(FeaturesConfig, {
             "input": str(s / "delphes.root"), "output": str(p["real_features"]),
@@ -161,7 +164,7 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
 
 
 def plan_run_hep(cfg: HepRunConfig) -> dict:
-    p = _hep_paths(local_path(cfg.output_root))
+    p = _hep_paths(location(cfg.output_root, output=True))
     return {"stages": ["simulate", "ingest_root", "features", "shard", "train"],
             "events_per_class": cfg.events_per_class, "workers": cfg.workers,
             "outputs": {k: str(v) for k, v in p.items()}}
@@ -175,7 +178,7 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
     from .train.launch import train
 
     t0 = time.time()
-    root = local_path(cfg.output_root)
+    root = location(cfg.output_root, output=True)
     p = _hep_paths(root)
     spark = spark or get_spark(cfg.spark)
     stages = hep_stage_configs(cfg, p)
@@ -196,7 +199,7 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
                "features": feats, "real": real, "shard_summary": sh, "train_summary": tr,
                "test_accuracy": tr.get("test_accuracy"), "auc": tr.get("auc"),
                "seconds": round(time.time() - t0, 1), "outputs": {k: str(v) for k, v in p.items()}}
-    write_json(root / "summary.json", summary)
+    write_json(root.child("summary.json"), summary)
     auc = tr.get("auc") or {}
     names = dict(enumerate(CLASS_NAMES))
     auc_txt = ", ".join(f"{names.get(int(k), k)} {v:.3f}" for k, v in sorted(auc.items(), key=lambda kv: int(kv[0])))
@@ -204,5 +207,5 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
           f"({', '.join(f'{k} {v}' for k, v in sim['events'].items())}) -> HLF classifier on {cfg.workers} workers "
           f"({stages['train'].launcher}, {stages['train'].algorithm.name}): test accuracy "
           f"{tr.get('test_accuracy', float('nan')):.4f}, one-vs-rest ROC AUC {auc_txt} "
-          f"in {summary['seconds']:.0f} s [{root / 'summary.json'}]", flush=True)
+          f"in {summary['seconds']:.0f} s [{root.child('summary.json')}]", flush=True)
     return summary
