@@ -273,13 +273,15 @@ def test_a_tuning_run_and_a_study_on_the_cluster_publish_to_the_store(cluster, s
     from test_tune import tiny_tune
 
     env = cluster.driver_env(**s3.env("writer"))
+    data = f"s3://{s3.bucket}/studies-data"        # the cache of datasets and shards: where every node reaches
     tune_uri = f"s3://{s3.bucket}/tune/tiny"
-    cfg = write_yaml(tmp_path / "tune.yaml", tiny_tune(tmp_path, output=tune_uri, tracking={"enabled": False}))
+    cfg = write_yaml(tmp_path / "tune.yaml", tiny_tune(tmp_path, output=tune_uri, data_dir=data,
+                                                       tracking={"enabled": False}))
     r = cluster.submit(str(REPO / "jobs" / "tune.py"), "--config", str(cfg), env=env, cwd=tmp_path, timeout=1800)
     assert r.returncode == 0, _why(r, cluster)
     study_uri = f"s3://{s3.bucket}/studies/tiny"
     cfg = write_yaml(tmp_path / "study.yaml", tiny_study(tmp_path, name="tiny_cluster", seeds=1, output=study_uri,
-                                                         tracking={"enabled": False}))
+                                                         data_dir=data, tracking={"enabled": False}))
     r = cluster.submit(str(REPO / "jobs" / "experiment.py"), "--config", str(cfg), env=env, cwd=tmp_path, timeout=1800)
     assert r.returncode == 0, _why(r, cluster)
     with environment(**s3.env("writer")):
@@ -295,7 +297,7 @@ def test_a_tuning_run_and_a_study_on_the_cluster_publish_to_the_store(cluster, s
         assert {"results.parquet", "report.md", "study.json"} <= keys
         results = pd.read_parquet(io.BytesIO(fs.read_bytes(fs.location(f"{study_uri}/results.parquet"))))
         assert len(results) == 2 and results["test_accuracy"].notna().all()
-        assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith(("tune/", "studies/")) and "/." in "/" + k] == []
+        assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith(("tune/", "studies")) and "/." in "/" + k] == []
     # the driver's working directory holds no trial or run output: they ran where the tasks ran
     assert not list(tmp_path.rglob("model.pt"))
 
