@@ -163,8 +163,8 @@ def test_training_ranks_write_their_outputs_to_the_store_from_the_workers(cluste
     from servers import environment
 
     b = f"s3://{s3.bucket}/train-cluster"
-    r = cluster.submit("jobs/train.py", "--manifest", digit_shards_s3, "--output", f"{b}/run", "--launcher", "torch",
-                       *_TRAIN, env=cluster.driver_env(**s3.env("writer")))
+    r = cluster.submit(str(REPO / "jobs" / "train.py"), "--manifest", digit_shards_s3, "--output", f"{b}/run",
+                       "--launcher", "torch", *_TRAIN, env=cluster.driver_env(**s3.env("writer")), cwd=tmp_path)
     assert r.returncode == 0, _why(r, cluster)
     with environment(**s3.env("writer")):
         assert _keys(f"{b}/run") == ["_COMPLETE", "metrics.jsonl", "model.pt", "summary.json"]
@@ -190,9 +190,9 @@ def test_a_local_output_written_on_a_worker_is_refused_and_nothing_is_committed(
     """The same run with a local output: rank 0 writes it on its own disk, which the driver cannot
     see; one line, exit 2, no output on the driver."""
     out = tmp_path / "out"
-    r = cluster.submit("jobs/train.py", "--manifest", digit_shards_s3, "--output", str(out), "--checkpoint_dir",
-                       f"s3://{s3.bucket}/train-local-ck", "--launcher", "torch", *_TRAIN,
-                       env=cluster.driver_env(**s3.env("writer")))
+    r = cluster.submit(str(REPO / "jobs" / "train.py"), "--manifest", digit_shards_s3, "--output", str(out),
+                       "--checkpoint_dir", f"s3://{s3.bucket}/train-local-ck", "--launcher", "torch", *_TRAIN,
+                       "--max_steps", "2", env=cluster.driver_env(**s3.env("writer")), cwd=tmp_path)
     err = _error_lines(r)
     assert r.returncode == 2 and len(err) == 1, _why(r, cluster)
     assert str(out) in err[0] and "does not share this path" in err[0], err[0]
