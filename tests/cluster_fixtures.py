@@ -127,6 +127,9 @@ class Cluster:
                "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
                # jobs start once both executors registered (slow to start on a loaded machine)
                "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+               # both workers have the host name 127.0.0.1 but no common disk: an executor must fetch
+               # another's shuffle blocks over the network, not read its files as a same-host neighbour's
+               "--conf", "spark.shuffle.readHostLocalDisk=false",
                "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=180s"]
         for k, v in (conf or {}).items():
             cmd += ["--conf", f"{k}={v}"]
@@ -207,7 +210,7 @@ class Cluster:
         return r.stdout if r.returncode == 0 else None
 
     def executor_logs(self, tail: int = 4000) -> str:
-        """The stdout and stderr of every executor of every worker (in its private work directory)."""
+        """The newest stdout and stderr files of each worker's executors (in its private work directory)."""
         out = []
         for w in self.workers:
             if w.proc is None or w.proc.poll() is not None:
@@ -216,8 +219,8 @@ class Cluster:
             find = ["find", work, "-name", "stderr", "-o", "-name", "stdout"]
             if self.isolated:
                 find = ["nsenter", "-t", str(w.proc.pid), "-m", "--", *find]
-            files = subprocess.run(find, capture_output=True, text=True).stdout.split()
-            for f in files[-8:]:
+            files = sorted(subprocess.run(find, capture_output=True, text=True).stdout.split())
+            for f in files[-4:]:        # the newest application's executor (app-<time>-<n>/<id>/)
                 text = self.read_worker_file(w.index, f) or ""
                 out.append(f"--- worker {w.index}: {f}\n{text[-tail:]}")
         return "\n".join(out)
