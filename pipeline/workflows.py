@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import Field
 
 from .config import StageConfig, build_config
+from .fs import Location, location
 from .features.layout import CLASS_NAMES
 from .ingest.images import ImagesIngestConfig, ingest_images
 from .outputs import local_path, write_json
@@ -111,10 +112,12 @@ class HepRunConfig(StageConfig):
     train: TrainConfig = Field(default_factory=_default_hep_train)
 
 
-def _hep_paths(root: Path) -> dict:
-    return {"simulated": root / "simulated", "events": root / "events", "features": root / "features",
-            "real_delphes": root / "real" / "delphes", "real_nanoaod": root / "real" / "nanoaod",
-            "real_features": root / "real" / "features", "shards": root / "shards", "train": root / "train"}
+def _hep_paths(root: Location) -> dict:
+    """Every stage's output under ``output_root`` (a local path or an ``s3://`` prefix)."""
+    return {k: root.child(*rel.split("/")) for k, rel in {
+        "simulated": "simulated", "events": "events", "features": "features", "real_delphes": "real/delphes",
+        "real_nanoaod": "real/nanoaod", "real_features": "real/features", "shards": "shards",
+        "train": "train"}.items()}
 
 
 def _feature_dataset(model: str) -> str:
@@ -141,12 +144,12 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
                                                   "tree": "Delphes", "output": str(p["events"])}),
         "features": build_config(FeaturesConfig, {**cfg.features, "input": str(p["events"]), "samples": samples,
                                                   "output": str(p["features"])}),
-        "shard": cfg.shard.model_copy(update={"input": str(p["features"] / _feature_dataset(cfg.train.model)),
+        "shard": cfg.shard.model_copy(update={"input": str(p["features"].child(_feature_dataset(cfg.train.model))),
                                               "output": str(p["shards"]),
                                               "workers": cfg.workers}),
-        "train": cfg.train.model_copy(update={"manifest": str(p["shards"] / "manifest.json"),
+        "train": cfg.train.model_copy(update={"manifest": str(p["shards"].child("manifest.json")),
                                               "output": str(p["train"]), "workers": cfg.workers,
-                                              "scaling": str(p["features"] / "scaling.json")}),
+                                              "scaling": str(p["features"].child("scaling.json"))}),
     }
     if cfg.real_samples:
         s = coffea_samples()
@@ -156,7 +159,7 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
         # two NanoAOD files with different branch sets: one ingestion each (a run needs one schema)
         for name in ("nano_dy", "nano_tt_v12"):
             out[f"real_{name}"] = build_config(IngestRootConfig, {
-                "input": str(s / f"{name}.root"), "tree": "Events", "output": str(p["real_nanoaod"] / name),
+                "input": str(s / f"{name}.root"), "tree": "Events", "output": str(p["real_nanoaod"].child(name)),
                 "schema_name": f"root/nanoaod_{name}"})
         out["real_features"] = build_config(FeaturesConfig, {
             "input": str(s / "delphes.root"), "output": str(p["real_features"]),
@@ -165,7 +168,7 @@ def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
 
 
 def plan_run_hep(cfg: HepRunConfig) -> dict:
-    p = _hep_paths(local_path(cfg.output_root))
+    p = _hep_paths(location(cfg.output_root, output=True))
     return {"stages": ["simulate", "ingest_root", "features", "shard", "train"],
             "events_per_class": cfg.events_per_class, "workers": cfg.workers,
             "outputs": {k: str(v) for k, v in p.items()}}
@@ -179,7 +182,7 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
     from .train.launch import train
 
     t0 = time.time()
-    root = local_path(cfg.output_root)
+    root = location(cfg.output_root, output=True)
     p = _hep_paths(root)
     spark = spark or get_spark(cfg.spark)
     stages = hep_stage_configs(cfg, p)
@@ -200,5 +203,5 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
                "features": feats, "real": real, "shard_summary": sh, "train_summary": tr,
                "test_accuracy": tr.get("test_accuracy"), "auc": tr.get("auc"),
                "seconds": round(time.time() - t0, 1), "outputs": {k: str(v) for k, v in p.items()}}
-    write_json(root / "summary.json", summary)
+    write_json(root.child("summary.json"), summary)
     return summary

@@ -12,6 +12,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,23 +45,33 @@ print(json.dumps(out))
 """
 
 
-def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0) -> None:
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+def _wait_ready(ready, proc: subprocess.Popen, what: str, timeout: float = 30.0) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before listening on port {port}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+        if ready():
             return
         time.sleep(0.2)
-    raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f} s")
+    raise RuntimeError(f"{what} was not ready within {timeout:.0f} s")
 
 
 @contextlib.contextmanager
-def _process(cmd: list[str], port: int, what: str, log: Path, env: dict | None = None) -> Iterator[subprocess.Popen]:
+def _process(cmd: list[str], port: int, what: str, log: Path, env: dict | None = None,
+             pass_fds: tuple = (), ready=None) -> Iterator[subprocess.Popen]:
+    """``cmd`` started in a session of its own, ready when ``ready()`` holds (default: ``port`` accepts
+    connections), stopped (the whole process group) at the end."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                pass_fds=pass_fds)
     try:
-        _wait_port(port, proc, what)
+        _wait_ready(ready or (lambda: _port_open(port)), proc, what)
         yield proc
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -74,28 +86,91 @@ def _process(cmd: list[str], port: int, what: str, log: Path, env: dict | None =
 @dataclass
 class XRootD:
     port: int
-    root: Path          # the directory the server exports
+    root: Path          # the directory the test asked to export
+    served: Path        # the server's own copy of it (what the URLs name)
     proc: subprocess.Popen
 
     def url(self, path: Path | str) -> str:
-        return f"root://127.0.0.1:{self.port}/{Path(path).absolute()}"
+        """The ``root://`` URL of ``path`` (``root`` or a path under it)."""
+        rel = Path(path).absolute().relative_to(self.root.absolute())
+        return f"root://127.0.0.1:{self.port}/{(self.served / rel).as_posix().rstrip('/.') or '/'}"
+
+
+def _serving_copy(export: Path) -> Path:
+    """A directory made for the server (``nobody`` reads it) holding ``export``'s tree: files
+    hard-linked when they are world-readable and on the same filesystem, else copied. Nothing
+    outside it changes permissions; the caller removes it."""
+    served = Path(tempfile.mkdtemp(prefix="pipeline-xrootd-"))
+    served.chmod(0o755)
+    for d in served.parents:
+        if not d.stat().st_mode & 0o001:
+            shutil.rmtree(served)
+            raise RuntimeError(f"{d} is not searchable by other users, so the XRootD server (user nobody) cannot "
+                               "reach its export below it: point TMPDIR at a directory every user may enter")
+    for src in sorted(export.rglob("*")):
+        dst = served / src.relative_to(export)
+        if src.is_dir():
+            dst.mkdir(mode=0o755)
+            dst.chmod(0o755)
+            continue
+        try:
+            if not src.stat().st_mode & 0o004:
+                raise OSError("not world-readable: copy it")
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+            dst.chmod(0o644)
+    return served
+
+
+# exec argv[2:] with the socket argv[1] as fd 3 and systemd's variables naming it (the pid stays the same)
+_SOCKET_ACTIVATION = """
+import os, sys
+fd = int(sys.argv[1])
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+os.environ.update(LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _listening_socket() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    return s
 
 
 @contextlib.contextmanager
 def xrootd_server(export: Path, log_dir: Path) -> Iterator[XRootD]:
-    """``xrootd`` exporting ``export`` on loopback (as user nobody: it refuses to run as root)."""
+    """``xrootd`` serving the files under ``export`` on loopback only (as user nobody: it refuses to run as root).
+
+    The server reads a copy of ``export`` made for it (:func:`_serving_copy`: the files as they are
+    when the server starts), so no directory of the caller's changes permissions. XRootD has no
+    bind-address setting; it takes its listening socket from systemd's socket-activation protocol
+    (``LISTEN_FDS``/``LISTEN_PID``, fd 3), so the socket is created here, bound to 127.0.0.1."""
     binary = shutil.which("xrootd")
     if binary is None:
         raise RuntimeError("xrootd is not installed: run scripts/test_services.sh (Debian package xrootd-server)")
     export.mkdir(parents=True, exist_ok=True)
-    for d in [export, *export.parents]:           # nobody must be able to read the export
-        if d == Path("/"):
-            break
-        d.chmod(d.stat().st_mode | 0o005)
-    port = free_port()
-    cmd = [binary, "-R", "nobody", "-p", str(port), str(export)]     # logs to stderr -> xrootd.out
-    with _process(cmd, port, "xrootd", log_dir / "xrootd.out") as proc:
-        yield XRootD(port, export, proc)
+    served = _serving_copy(export)
+    sock = _listening_socket()
+    try:
+        port, fd = sock.getsockname()[1], sock.fileno()
+        cmd = [sys.executable, "-c", _SOCKET_ACTIVATION, str(fd),
+               binary, "-R", "nobody", "-p", str(port), str(served)]     # logs to stderr -> xrootd.out
+        log = log_dir / "xrootd.out"
+
+        def ready() -> bool:    # the socket accepts connections before xrootd serves them: wait for its start line
+            return log.is_file() and b"initialization completed" in log.read_bytes()
+
+        with _process(cmd, port, "xrootd", log, pass_fds=(fd,), ready=ready) as proc:
+            sock.close()
+            yield XRootD(port, export, served, proc)
+    finally:
+        sock.close()
+        shutil.rmtree(served, ignore_errors=True)
 
 
 @dataclass

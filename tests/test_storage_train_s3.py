@@ -8,6 +8,7 @@ read-only user, an unsupported scheme) are one line, exit code 2, nothing writte
 from __future__ import annotations
 
 import json
+import posixpath
 
 import pytest
 
@@ -153,12 +154,28 @@ def test_bad_targets_are_one_line_exit_2_and_nothing_written(s3, shards, tmp_pat
     assert not local_out.exists()
 
 
-def test_a_staging_directory_without_rank_0_files_is_never_committed(tmp_path):
+def test_an_output_without_rank_0_files_is_never_committed(s3, tmp_path):
+    """The driver commits only when rank 0's files are where it reads them: a local output that
+    rank 0 wrote on another machine's disk is one line and nothing is committed (the cluster case:
+    tests/test_cluster_isolated.py). Only the last launch's files are committed."""
+    from pipeline.commit import output_job
     from pipeline.errors import ConfigError
-    from pipeline.train.launch import _check_staged
+    from pipeline.train.launch import _keep_rank0_files, launch_dir
 
-    (tmp_path / "metrics.jsonl").write_text("{}\n")
-    with pytest.raises(ConfigError, match=r"output s3://b/out: rank 0 wrote no model.pt into the driver's staging"):
-        _check_staged(tmp_path, fs.location("s3://b/out"))
-    (tmp_path / "model.pt").write_bytes(b"x")
-    _check_staged(tmp_path, fs.location("s3://b/out"))
+    for final in (str(tmp_path / "out"), f"s3://{s3.bucket}/check/out"):
+        with environment(**s3.env("writer")):
+            with pytest.raises(ConfigError, match=r"rank 0 reported success but its model.pt is not under "):
+                with output_job(final) as job:
+                    fs.write_bytes(job.staging.child(launch_dir(0), "metrics.jsonl"), b"{}\n")
+                    _keep_rank0_files(job, launch_dir(0))
+            assert not fs.exists(fs.location(final)) and not fs.exists(job.staging)
+            with output_job(final) as job:
+                fs.write_bytes(job.staging.child(launch_dir(0), "model.pt"), b"lost launch")
+                for name in ("metrics.jsonl", "model.pt"):
+                    fs.write_bytes(job.staging.child(launch_dir(1), name), name.encode())
+                _keep_rank0_files(job, launch_dir(1))
+            files = sorted(posixpath.relpath(f.path, fs.location(final).path) for f in fs.list_files(fs.location(final)))
+            assert files == (["metrics.jsonl", "model.pt"] if final.startswith("/") else
+                             [outputs.COMPLETE_MARKER, "metrics.jsonl", "model.pt"])
+            assert fs.read_bytes(fs.location(final).child("model.pt")) == b"model.pt"
+            assert not fs.exists(job.staging)

@@ -140,19 +140,19 @@ def set_rng_state(st: dict, cuda=None) -> None:
 
 
 # ---------------------------------------------------------------------------- writing
-def save_torch(path: str | os.PathLike, obj: Any) -> Path:
+def save_torch(path: str | os.PathLike | Location, obj: Any) -> Location:
     """``torch.save`` to memory, then an atomic write: a full or read-only disk raises an
     OSError naming the file (``torch.save`` to a path fails with an internal message)."""
     import torch
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    p = Path(path)
+    loc = location(path, output=True)   # a local path or an object-store URI (not through Path: s3:// -> s3:/)
     try:
-        write_bytes(location(p), buf.getvalue())
+        write_bytes(loc, buf.getvalue())
     except OSError as e:
-        raise OSError(e.errno, e.strerror, str(p)) from None
-    return p
+        raise OSError(e.errno, e.strerror, str(loc)) from None
+    return loc
 
 
 def rank_bytes(model, optimizer, algo, cuda=None) -> bytes:

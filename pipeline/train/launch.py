@@ -18,14 +18,15 @@ A lost worker relaunches the workers from the newest complete checkpoint, up to
 where the first launch starts.
 
 Outputs: ``<output>/metrics.jsonl``, ``summary.json`` (with ``restarts`` and ``resumed_from``),
-``model.pt`` (written atomically: a failed run leaves no output directory) and checkpoints in
-``checkpoint_dir`` (default ``<output>-checkpoints``; per-rank files, see ``checkpoint``), which
-survive a failed run so that a resume can continue. The checkpoint directory must be reachable
-by every worker: a local disk for one machine, a shared file system or an ``s3://`` prefix for a
-cluster. An ``s3://`` output is staged on the driver's local disk and committed with
-``pipeline.outputs.atomic_output_dir`` (``_COMPLETE`` marker), so rank 0 must run on the
-driver's machine (local launcher, TorchDistributor's local mode, a one-machine Spark). Both
-targets are checked before any work starts (``pipeline.fs.check_writable``).
+``model.pt`` and checkpoints in ``checkpoint_dir`` (default ``<output>-checkpoints``; per-rank
+files, see ``checkpoint``), which survive a failed run so that a resume can continue. Every rank
+writes what it owns straight to the output's filesystem, wherever it runs: its checkpoint files,
+and on rank 0 ``metrics.jsonl`` and ``model.pt``, under a job-scoped temporary sibling of the
+output; the driver adds ``summary.json`` and commits (the rename of a local or shared directory,
+``_COMPLETE`` on an object store), so a failed run leaves no output. Output and checkpoints must
+be reachable by every worker: a local disk for one machine, a shared file system or an ``s3://``
+prefix for a cluster (a local output that rank 0 wrote on another machine's disk ends the run
+with one line). Both targets are checked before any work starts (``pipeline.fs.check_writable``).
 
 GPUs: a Horovod-on-Spark worker uses the GPU Spark assigned to its task (``task_gpu``: the
 task's ``gpu`` resource), other workers ``cuda:<local rank>`` among the visible devices
@@ -42,14 +43,15 @@ import logging
 import math
 import os
 import pickle
+import posixpath
 import signal
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..errors import BadInputError, ConfigError
-from ..fs import Location, check_writable, exists, location
-from ..outputs import atomic_output_dir, write_json
+from ..commit import ATTEMPTS, output_job
+from ..fs import Location, check_writable, exists, list_files, location
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .plan import TrainingPlan
@@ -335,6 +337,7 @@ def _run_horovod(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]
     _check_slots(spark, world)
     from .progress import worker_env
 
+    _task_environment(spark)
     nics = None
     if cfg.bind_address:   # Horovod's gloo traffic on the interface of the configured address
         from .comm.rendezvous import bind_address, interface_of
@@ -367,11 +370,20 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if not cfg.torch_local_mode:
         _check_slots(spark, world)
+        _task_environment(spark)
     conf = dict(spark.sparkContext.getConf().getAll())
     use_gpu = torch_use_gpu(cfg.device, cfg.torch_local_mode, conf)
     res = TorchDistributor(num_processes=world, local_mode=cfg.torch_local_mode, use_gpu=use_gpu).run(
         worker_entry, *args)
     return [res]
+
+
+def _task_environment(spark) -> None:
+    """The workers run in Spark tasks (and in the processes Horovod and TorchDistributor start
+    from them, which inherit the tasks' environment): give them the driver's S3 settings."""
+    from ..spark import forward_s3_settings
+
+    forward_s3_settings(spark)
 
 
 def _check_slots(spark, world: int) -> None:
@@ -416,32 +428,51 @@ def train(cfg: TrainConfig, spark=None) -> dict:
              cfg.model, cfg.algorithm.name, plan["workers"], cfg.launcher, plan["total_steps"],
              plan["overlap_epochs"], plan["eval_every"])
     t0 = time.time()
-    with atomic_output_dir(final) as tmp:
+    with output_job(final) as job:   # the ranks write into the job's prefix directly, wherever they run
+        launches: list[str] = []
+
         def launch(attempt_cfg, resume_from):
-            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(tmp), str(ck), spark)
+            launches.append(launch_dir(len(launches)))
+            return run_workers(attempt_cfg, {**plan, "resume_from": resume_from}, str(job.staging.child(launches[-1])),
+                               str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
         if results[0].get("checkpoint"):
             checkpoint.mark_finished(results[0]["checkpoint"])  # a later fresh start may delete it
-        _check_staged(tmp, final)
-        restart.record_restarts(tmp / "metrics.jsonl", restarts)
+        _keep_rank0_files(job, launches[-1])
+        restart.record_restarts(job.kept()["metrics.jsonl"], restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)
         summary.update({"resumed_from": str(start) if start else None, "restarts": restarts})
-        write_json(tmp / "summary.json", summary)
+        job.write_json("summary.json", summary)
     log.info("test accuracy %.4f after %d steps in %.1f s%s", summary["test_accuracy"], summary["steps"],
              summary["seconds"], f" ({len(restarts)} restart(s))" if restarts else "")
     summary["ranks"] = results[0]["ranks"]  # per-rank details (digests, comm stats); not in summary.json
     return summary
 
 
-def _check_staged(tmp: Path, final: Location) -> None:
-    """Rank 0 writes metrics.jsonl and model.pt into the driver's directory ``tmp``: a rank 0 on
-    another machine (no shared disk) leaves it empty, which must not be committed as an output."""
-    missing = [f for f in ("metrics.jsonl", "model.pt") if not (tmp / f).is_file()]
+def launch_dir(launch: int) -> str:
+    """Where rank 0 of the ``launch``-th launch of the workers writes, inside the job's prefix.
+
+    The run's files are written by one writer, rank 0, like one task of a Spark stage: a launch is
+    an attempt of that task (:mod:`pipeline.commit`'s attempt-scoped names, with stage -1: not a
+    Spark stage). A relaunch after a lost worker writes a fresh directory, so a lost launch's
+    partial ``metrics.jsonl`` or ``model.pt`` is never committed."""
+    return f"{ATTEMPTS}/s-1-p0-a{launch}-t-1"
+
+
+def _keep_rank0_files(job, attempt_dir: str) -> None:
+    """Commit what rank 0 wrote in the last launch; it must have written ``metrics.jsonl`` and
+    ``model.pt`` where the driver reads them. A local output that rank 0 wrote on another machine's
+    disk (a cluster without a shared filesystem) is not there: one line, nothing committed."""
+    where = job.staging.child(attempt_dir)
+    files = [posixpath.relpath(f.path, where.path) for f in list_files(where)]
+    missing = [f for f in ("metrics.jsonl", "model.pt") if f not in files]
     if missing:
-        raise ConfigError(f"output {final}: rank 0 wrote no {' or '.join(missing)} into the driver's staging "
-                          f"directory {tmp}: rank 0 ran on another machine; use an output every worker can "
-                          "reach (a shared disk), or run rank 0 on the driver's machine for an s3:// output")
+        verb = "are" if len(missing) > 1 else "is"
+        raise ConfigError(f"output {job.final}: rank 0 reported success but its {' and '.join(missing)} {verb} not "
+                          f"under {where} as the driver sees it: rank 0 ran on a machine that does not share this "
+                          "path; write the output to a filesystem every node mounts or to an s3:// prefix")
+    job.add([{"attempt_dir": attempt_dir, "files": files}])
 
 
 def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, seconds: float) -> dict:

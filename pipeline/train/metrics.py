@@ -54,32 +54,55 @@ def wire_bytes_written() -> Optional[int]:
 
 
 class MetricsWriter:
-    """Appends JSON lines (and optional TensorBoard scalars); used on rank 0 only."""
+    """Writes ``metrics.jsonl`` (and optional TensorBoard scalars) under ``out_dir``, a local or
+    shared directory or an ``s3://`` prefix, from the rank that owns it (rank 0), wherever it runs.
+
+    A local file gets one appended line per record. An object has no appends: the whole file is
+    written again after each record (one PUT of a few kB), so the store always holds every record
+    so far. TensorBoard writes into ``<out_dir>/tb`` (an object store: a local scratch directory of
+    this rank, copied under the prefix at :meth:`close`)."""
 
     def __init__(self, out_dir: str, history: list[dict] | None = None, tensorboard: bool = False):
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from ..fs import location
+
+        out = location(out_dir, output=True)
+        self.loc = out.child("metrics.jsonl")
+        self.path = Path(self.loc.path) if out.is_local else None
         self.history: list[dict] = list(history or [])
-        with open(self.path, "w") as f:
-            for rec in self.history:
-                f.write(json.dumps(rec) + "\n")
-        self.tb = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "w") as f:
+                for rec in self.history:
+                    f.write(json.dumps(rec) + "\n")
+        else:
+            self._put()
+        self.tb = self._tb_dir = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
             except ImportError:  # tensorboard not installed: JSON lines only
                 import logging
 
                 logging.getLogger(__name__).warning("tensorboard=true but the tensorboard package is not "
                                                     "installed; writing JSON lines only")
-                self.tb = None
+            else:
+                import tempfile
+
+                self._tb_dir = None if out.is_local else (tempfile.mkdtemp(prefix="pipeline-tb-"), out.child("tb"))
+                self.tb = SummaryWriter(os.path.join(out.path, "tb") if out.is_local else self._tb_dir[0])
+
+    def _put(self) -> None:
+        from ..fs import write_bytes
+
+        write_bytes(self.loc, "".join(json.dumps(rec) + "\n" for rec in self.history).encode())
 
     def write(self, rec: dict) -> None:
         self.history.append(rec)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        else:
+            self._put()
         if self.tb is not None:
             for k in ("loss", "accuracy", "samples_per_s", "comm_fraction"):
                 v = rec.get(k)
@@ -89,6 +112,16 @@ class MetricsWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self._tb_dir is not None:
+            import shutil
+
+            from ..fs import write_bytes
+
+            local, dest = self._tb_dir
+            for f in sorted(p for p in Path(local).rglob("*") if p.is_file()):
+                write_bytes(dest.child(f.relative_to(local).as_posix()), f.read_bytes())
+            shutil.rmtree(local, ignore_errors=True)
+            self._tb_dir = None
 
 
 def read_metrics(path: str) -> list[dict]:

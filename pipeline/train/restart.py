@@ -301,12 +301,16 @@ def _fail_at_once(exc: Exception, cfg, ck, expected_fp: dict) -> None:
     raise exc
 
 
-def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
-    """Insert the restart records into ``metrics.jsonl`` after the last record at or before
-    the step each restart resumed from."""
-    if not restarts or not metrics_path.is_file():
+def record_restarts(metrics_path, restarts: list[dict]) -> None:
+    """Insert the restart records into ``metrics.jsonl`` (a local path or an object-store
+    location) after the last record at or before the step each restart resumed from."""
+    from ..fs import location, read_bytes_if_exists, write_bytes
+
+    loc = location(metrics_path, output=True)
+    data = read_bytes_if_exists(loc) if restarts else None
+    if data is None:
         return
-    recs = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
     for r in restarts:
         pos = 0
         for i, m in enumerate(recs):
@@ -314,4 +318,4 @@ def record_restarts(metrics_path: Path, restarts: list[dict]) -> None:
                 break
             pos = i + 1
         recs.insert(pos, r)
-    write_bytes(location(metrics_path), "".join(json.dumps(m) + "\n" for m in recs).encode())
+    write_bytes(loc, "".join(json.dumps(m) + "\n" for m in recs).encode())
