@@ -4,7 +4,8 @@ A location is a local path, a ``file://`` URI, an ``s3://bucket/key`` URI (an S3
 store), or, for ROOT inputs only, ``root://host:port//path`` (XRootD: EOS, the WLCG grid) and
 ``http(s)://`` URLs. :func:`location` parses and checks one; every artefact the Python side writes or
 lists goes through :mod:`pyarrow.fs` (``LocalFileSystem`` or ``S3FileSystem``), uproot reads remote
-ROOT files through its fsspec sources (``fsspec-xrootd`` for ``root://``).
+ROOT files through its fsspec sources (``fsspec-xrootd`` for ``root://``) and ``s3://`` ROOT files
+through a :mod:`pyarrow.fs` file object.
 
 S3 settings come from the environment, as for every AWS client: ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY`` (and ``AWS_SESSION_TOKEN``), ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``)
@@ -17,6 +18,7 @@ is the one place that translates.
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import os
@@ -396,10 +398,12 @@ def remote_root_timeout(default: Optional[int] = None) -> int:
 
 
 def expand_remote_glob(url: str) -> list[str]:
-    """The files a remote glob (``root://host//dir/*.root``) matches, listed by the server (sorted).
-    A URL without glob characters is returned as is."""
+    """The files a remote glob (``root://host//dir/*.root``, ``s3://bucket/dir/*/*.root``) matches,
+    listed by the server (sorted). A URL without glob characters is returned as is."""
     if not glob.has_magic(url.split("://", 1)[1]):
         return [url]
+    if url.lower().split("://", 1)[0] in ("s3", "s3a", "s3n"):
+        return [str(loc) for loc in _match_store_glob(location(url))]
     import fsspec
 
     try:
@@ -409,8 +413,19 @@ def expand_remote_glob(url: str) -> list[str]:
     return sorted(fsys.unstrip_protocol(p) for p in paths)
 
 
+def _match_store_glob(pattern: Location) -> list[Location]:
+    """The objects under the pattern's fixed prefix whose keys match it segment by segment (``*``
+    and ``?`` stay within one ``/``-separated segment, as for local globs)."""
+    parts = pattern.path.split("/")
+    fixed = next(i for i, p in enumerate(parts) if glob.has_magic(p))
+    base = Location(pattern.scheme, "/".join(parts[:fixed]))
+    return [f for f in list_files(base) if len(f.path.split("/")) == len(parts)
+            and all(fnmatch.fnmatchcase(a, b) for a, b in zip(f.path.split("/")[fixed:], parts[fixed:]))]
+
+
 def open_root(path: str, **options):
-    """``uproot.open`` with the per-request timeout for remote files (``root://``, ``http(s)://``)."""
+    """``uproot.open`` with the per-request timeout for remote files (``root://``, ``http(s)://``);
+    an ``s3://`` file is read through :mod:`pyarrow.fs` (uproot reads the file object it opens)."""
     import uproot
 
     scheme = path.split("://", 1)[0].lower() if "://" in path else "file"
@@ -418,4 +433,10 @@ def open_root(path: str, **options):
         options.setdefault("timeout", remote_root_timeout())
     if scheme in ("http", "https"):
         options.setdefault("handler", uproot.source.http.HTTPSource)
+    if _ALIASES.get(scheme, scheme) == "s3":
+        loc = location(path)
+        try:
+            return uproot.open(loc.filesystem().open_input_file(loc.path), **options)
+        except OSError as e:
+            raise BadInputError(f"{loc}: {error_reason(e)}") from None
     return uproot.open(path, **options)

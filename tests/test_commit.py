@@ -20,7 +20,7 @@ import pytest
 
 from pipeline import fs
 from pipeline.commit import (ATTEMPT_DDL, ATTEMPTS, COMPLETE_MARKER, JobTarget, OutputJob, attempt_schema,
-                             committed_files, output_job)
+                             committed_files, output_job, require_complete)
 from pipeline.errors import BadInputError, PipelineError
 from servers import environment
 from store_fixtures import s3, store_root  # noqa: F401
@@ -113,6 +113,25 @@ def test_a_stray_object_beside_a_committed_output_is_not_read(s3, tmp_path):
         marker.filesystem().delete_file(marker.path)
         with pytest.raises(BadInputError, match="incomplete"):
             committed_files(out)
+
+
+def test_a_dataset_inside_a_committed_output_is_read_by_the_enclosing_marker(s3):
+    """A job that writes several datasets (the feature stage's hlf/ and llf/) commits one marker at
+    its root: a reader of one dataset finds it, takes that dataset's files only, and still refuses
+    one whose job was never committed."""
+    with environment(**s3.env("writer")):
+        out = f"s3://{s3.bucket}/nested/features"
+        with output_job(out) as job:
+            for i, name in enumerate(("hlf", "llf")):
+                a = job.target.attempt(stage=0, partition=i, attempt=0, task_attempt_id=i)
+                a.write_table(f"{name}/part-00000.parquet", _table(10 * i, 10 * i + 10))
+                job.add([a.record()])
+        hlf = f"{out}/hlf"
+        assert require_complete(hlf) == fs.location(hlf)
+        assert [str(f) for f in committed_files(hlf, ".parquet")] == [f"{hlf}/part-00000.parquet"]
+        fs.write_bytes(fs.location(f"s3://{s3.bucket}/nested/other/hlf/part-00000.parquet"), b"PAR1 half")
+        with pytest.raises(BadInputError, match="incomplete"):
+            committed_files(f"s3://{s3.bucket}/nested/other/hlf")
 
 
 def test_add_refuses_two_attempts_of_a_task_and_a_name_written_twice(tmp_path):

@@ -183,6 +183,27 @@ def test_output_to_s3_is_committed_and_equals_the_local_output(spark, export, lo
         assert outputs.read_json(loc.child("_schema.json"))["columns"]
 
 
+def test_s3_inputs_ingest_the_same_rows_and_a_missing_object_is_a_bad_file(spark, export, local_parts,
+                                                                         tmp_path_factory, tmp_path):
+    """ROOT files on the object store: a glob the store lists (segment by segment), read through
+    pyarrow.fs in the tasks; a missing object is one bad file naming it, the others are kept."""
+    with s3_server(tmp_path_factory.mktemp("moto")) as s3, environment(**s3.env("writer")):
+        for n in SAMPLES:
+            fs.write_bytes(fs.location(f"s3://{s3.bucket}/root/in/{n}"), (export / n).read_bytes())
+        fs.write_bytes(fs.location(f"s3://{s3.bucket}/root/in/deeper/nano_x.root"), b"not matched by */")
+        out = tmp_path / "s3in"
+        rep = ingest_root(_cfg(f"s3://{s3.bucket}/root/in/nano_*.root", out), spark=spark)
+        assert [f["file"] for f in rep["files"]] == [f"s3://{s3.bucket}/root/in/{n}" for n in SAMPLES]
+        assert rep["bad_files"] == [] and _parts(out).equals(local_parts)
+        missing = f"s3://{s3.bucket}/root/in/missing.root"
+        with pytest.raises(BadInputError, match="1 of 3 input file"):
+            ingest_root(_cfg([f"s3://{s3.bucket}/root/in/{n}" for n in SAMPLES] + [missing], tmp_path / "m"),
+                        spark=spark)
+        rep = json.loads((tmp_path / "m" / "_report.json").read_text())
+        assert [b["file"] for b in rep["bad_files"]] == [missing]
+        assert _parts(tmp_path / "m").equals(local_parts)
+
+
 @pytest.fixture(scope="module")
 def delphes_export(delphes_root, tmp_path_factory) -> Path:
     """Delphes-layout ttbar / wjets files (boosted real delphes.root events) to serve over root://."""

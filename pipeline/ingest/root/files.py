@@ -30,7 +30,7 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
     """Expand paths/globs (sorted, de-duplicated, order of the patterns kept).
 
     ``samples:NAME`` is a file of the cached coffea samples (:func:`pipeline.samples.coffea_samples`);
-    a ``root://`` glob is listed by the server (:func:`pipeline.fs.expand_remote_glob`), other
+    a ``root://`` or ``s3://`` glob is listed by the server (:func:`pipeline.fs.expand_remote_glob`), other
     URLs (``root://``, ``http(s)://``) are passed through. A plain path or URL that does not exist
     is kept (it is reported as a bad file later); a glob that matches nothing is a :class:`ConfigError`.
     """
@@ -38,7 +38,7 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
     for item in _as_list(inputs):
         item = sample_path(item.strip())
         if "://" in item and not item.startswith("file://"):
-            hits = expand_remote_glob(item) if item.lower().startswith("root://") else [item]
+            hits = expand_remote_glob(item) if item.lower().startswith(("root://", "s3://")) else [item]
             if not hits:
                 raise ConfigError(f"input pattern matches no file: {item}")
             out.extend(hits)

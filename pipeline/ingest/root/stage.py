@@ -63,7 +63,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
     spark = spark or get_spark(cfg.spark)
     out = location(cfg.output, output=True)
-    if not out.is_local:
+    if not out.is_local or any(f.startswith("s3://") for f in files):   # the tasks reach the store themselves
         forward_s3_settings(spark)
     with output_job(out) as job:
         per_file = _run(spark, cfg, files, ref, job)
