@@ -19,7 +19,7 @@ import functools
 import os
 from typing import Iterator, Optional, Sequence
 
-from .commit import committed_files
+from .committed import committed_files
 from .errors import BadInputError
 from .fs import Location, error_reason, location
 from .spark import forward_s3_settings, spark_task, task_frame

@@ -26,7 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from .commit import COMPLETE_MARKER, OutputJob, json_bytes, require_complete
+from .commit import COMPLETE_MARKER, OutputJob, json_bytes
+from .committed import require_complete
 from .errors import BadInputError
 from .fs import location, read_bytes, write_bytes
 

@@ -20,7 +20,8 @@ import pytest
 
 from pipeline import fs
 from pipeline.commit import (ATTEMPT_DDL, ATTEMPTS, COMPLETE_MARKER, JobTarget, OutputJob, attempt_schema,
-                             committed_files, output_job, require_complete)
+                             output_job)
+from pipeline.committed import committed_files, require_complete
 from pipeline.errors import BadInputError, PipelineError
 from servers import environment
 from store_fixtures import s3, store_root  # noqa: F401

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import fs
-from pipeline.commit import COMPLETE_MARKER, committed_files
+from pipeline.commit import COMPLETE_MARKER
+from pipeline.committed import committed_files
 from servers import environment
 from store_fixtures import s3  # noqa: F401
 from spark_process import run_drills
