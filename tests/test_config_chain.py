@@ -27,8 +27,17 @@ def _make_run_paths() -> dict:
     """Where ``make run`` (configs/run_hep.yaml) writes each stage's output, relative to the checkout."""
     from pipeline.workflows import HepRunConfig, _hep_paths, hep_stage_configs
 
+    from pipeline.fs import location
+
     run = _cfg(HepRunConfig, "run_hep.yaml").model_copy(update={"real_samples": False})
-    return hep_stage_configs(run, _hep_paths(Path(run.output_root)))
+    return hep_stage_configs(run, _hep_paths(location(run.output_root, output=True)))
+
+
+def _abs(path: str) -> str:
+    """A config's relative path as the workflow derives it (absolute, from the working directory)."""
+    from pipeline.fs import location
+
+    return str(location(path))
 
 
 def test_the_hep_defaults_chain_from_make_run():
@@ -41,14 +50,15 @@ def test_the_hep_defaults_chain_from_make_run():
     made = _make_run_paths()
     sim, ing = _cfg(SimulateConfig, "simulate.yaml"), _cfg(IngestRootConfig, "ingest_root.yaml")
     feat, sh_, tr = _cfg(FeaturesConfig, "features.yaml"), _cfg(ShardConfig, "shard.yaml"), _cfg(TrainConfig, "train.yaml")
-    assert sim.output == made["simulate"].output
+    assert _abs(sim.output) == made["simulate"].output
     assert ing.input in (f"{sim.output}/*/*.root", [f"{sim.output}/*/*.root"]) and ing.tree == "Delphes"
-    assert ing.output == made["ingest"].output
-    assert feat.input == ing.output and feat.output == made["features"].output
-    assert sh_.input == f"{feat.output}/hlf" == made["shard"].input and sh_.output == made["shard"].output
+    assert _abs(ing.output) == made["ingest"].output
+    assert feat.input == ing.output and _abs(feat.output) == made["features"].output
+    assert sh_.input == f"{feat.output}/hlf" and _abs(sh_.input) == made["shard"].input
+    assert _abs(sh_.output) == made["shard"].output
     assert sh_.workers == made["shard"].workers
-    assert tr.manifest == f"{sh_.output}/manifest.json" == made["train"].manifest
-    assert tr.model == made["train"].model == "hlf" and tr.output == made["train"].output
+    assert tr.manifest == f"{sh_.output}/manifest.json" and _abs(tr.manifest) == made["train"].manifest
+    assert tr.model == made["train"].model == "hlf" and _abs(tr.output) == made["train"].output
     # the same training as make run's (the paths aside): a rerun of its last stage
     keep = {"manifest", "output", "scaling", "workers"}
     assert tr.model_dump(exclude=keep) == made["train"].model_dump(exclude=keep)
