@@ -8,6 +8,7 @@ stage keeps its own config section (same keys as its job), so
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -112,8 +113,9 @@ class HepRunConfig(StageConfig):
     train: TrainConfig = Field(default_factory=_default_hep_train)
 
 
-def _hep_paths(root: Location) -> dict:
+def _hep_paths(root: Location | str | os.PathLike) -> dict:
     """Every stage's output under ``output_root`` (a local path or an ``s3://`` prefix)."""
+    root = location(root, output=True)
     return {k: root.child(*rel.split("/")) for k, rel in {
         "simulated": "simulated", "events": "events", "features": "features", "real_delphes": "real/delphes",
         "real_nanoaod": "real/nanoaod", "real_features": "real/features", "shards": "shards",
@@ -128,11 +130,14 @@ def _feature_dataset(model: str) -> str:
 
 
 def hep_stage_configs(cfg: HepRunConfig, p: dict) -> dict:
-    """Every stage's config for one HEP run, with paths derived from ``output_root``."""
+    """Every stage's config for one HEP run, with the stage paths ``p`` (local paths or locations,
+    as :func:`_hep_paths` derives them from ``output_root`` or a study places its data)."""
     from .features.delphes import REQUIRED_BRANCHES
     from .features.stage import FeaturesConfig
     from .ingest.root import IngestRootConfig
     from .samples import coffea_samples
+
+    p = {k: location(v, output=True) for k, v in p.items()}
 
     sim = cfg.simulate.model_copy(update={"events": cfg.events_per_class, "seed": cfg.seed,
                                           "output": str(p["simulated"])})

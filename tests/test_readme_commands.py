@@ -52,6 +52,16 @@ NOT_RUN = {
     'pip install "mlflow==3.17.*"': "installs the full MLflow package into an environment of the reader's choice",
     re.compile(r"^MLFLOW_ALLOW_FILE_STORE=true \.venv/bin/mlflow ui"): "the MLflow web UI: a server that runs until stopped",
     ".venv/bin/python -m pipeline.train.selfcheck --launcher torch --gpu": "needs a CUDA device (make gpu-check)",
+    re.compile(r"^\.venv-current/"): "the current environment's virtualenv, which make test-current builds",
+    re.compile(r"^pip install --dry-run --report"): "what scripts/lock_current.sh runs in a scratch virtualenv (a "
+                                                    "phrase in the text)",
+    re.compile(r"spark://master-host|--master yarn|k8s://"): "an example cluster (tests/test_cluster_isolated.py "
+                                                             "runs the same jobs on a loopback standalone cluster)",
+    re.compile(r"/tmp/hep-env"): "builds and packs a second full environment to ship to a cluster (pip, the Horovod "
+                                 "build, venv-pack: many minutes)",
+    "python -m venv": "a phrase in the text",
+    "pip install -e": "a phrase in the text",
+    ".venv/bin/python -m jobs.train": "a phrase in the text (the run plan's measurement in docs/results.md)",
 }
 
 #: command (the exact text, or a pattern it matches) -> why only its dry form runs here
@@ -66,6 +76,7 @@ DRY_RUN = {
     re.compile(r"^make (test|test-fast)$"): "the test suite itself (minutes to tens of minutes)",
     "make bench": "every benchmark (about an hour)",
     "make gpu-check": "needs a CUDA device (exits 1 without one)",
+    "make test-current": "builds the current environment (.venv-current) and runs its tests: tens of minutes",
     "make contracts": "rewrites schemas/contracts/ in the checkout (tests/test_contracts.py compares them)",
     "make setup": "the setup itself (the tests run after it)",
     "make services": "installs the test services (apt-get as root)",
