@@ -19,7 +19,10 @@ VENV_BIN = VENV / "bin"
 
 _DROP = ("VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "SPARK_CONF_DIR",
          "SPARK_ENV_LOADED", "PYTHONPATH", "PYTHONHOME", "PYSPARK_SUBMIT_ARGS", "PYSPARK_GATEWAY_PORT",
-         "PYSPARK_GATEWAY_SECRET", "PIPELINE_DEBUG", "PYTHONUNBUFFERED", "AIRFLOW_HOME")
+         "PYSPARK_GATEWAY_SECRET", "PIPELINE_DEBUG", "PYTHONUNBUFFERED", "AIRFLOW_HOME",
+         # a new shell is not inside make: under `make test` these would make a nested make print
+         # "make[1]: Entering/Leaving directory" lines a user never sees
+         "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
 
 #: a Spark (JVM) log line at INFO: Spark's loggers are class names (``INFO SparkContext: ...``), ours
 #: are Python module names (``INFO pipeline.train.launch: ...``)
