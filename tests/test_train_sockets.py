@@ -20,7 +20,9 @@ ALL_INTERFACES = {"0.0.0.0", "::", ""}
 
 
 class ListenerLog:
-    """Polls the listening TCP sockets of this process's children (psutil) while a run goes on."""
+    """Polls the listening TCP sockets of the processes this process starts while a run goes on
+    (psutil); processes already running before (the session's Spark JVM, test servers) are not
+    the run's."""
 
     def __init__(self, period_s: float = 0.05) -> None:
         self.seen: dict[tuple[int, str, int], None] = {}
@@ -32,6 +34,8 @@ class ListenerLog:
         me = psutil.Process()
         while not self._stop.is_set():
             for child in me.children(recursive=True):
+                if child.pid in self.before:
+                    continue
                 try:
                     conns = child.net_connections(kind="inet")
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -43,6 +47,7 @@ class ListenerLog:
             self._stop.wait(period_s)
 
     def __enter__(self):
+        self.before = {p.pid for p in psutil.Process().children(recursive=True)}
         self._thread.start()
         return self
 
