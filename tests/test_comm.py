@@ -89,6 +89,7 @@ def test_host_staging_uses_one_reused_host_buffer_per_bucket():
     assert not any(b.staged for b in make_buckets(ts, 1000, cuda_only)) and cuda_only.allocations == 0
 
 
+@pytest.mark.needs_horovod
 def test_a_horovod_tasks_gpu_is_read_through_horovods_public_api():
     """The GPU Spark assigned to a Horovod-on-Spark task, as Horovod's task service records it
     (horovod.spark.task.task_info.set_resources / get_available_devices, no private attribute)."""
