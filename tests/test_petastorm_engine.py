@@ -173,6 +173,34 @@ def test_stopping_early_stops_petastorms_threads(tensor_shards):
     assert threading.active_count() == before
 
 
+def test_the_reader_reads_ahead_while_a_batch_is_held(tmp_path):
+    """Petastorm ventilates a row group only after its consumer took the ones before: the engine
+    drains the reader on a thread of its own, so row groups keep coming while training holds the
+    batches of a window (without it the reader stalls for every step: bench/loader.py)."""
+    import time
+
+    from pipeline.data.petastorm_engine import PetastormShard
+
+    man = write_digit_shards(tmp_path / "s", workers=1, n_train=320, n_test=16, n_val=16, row_group_rows=8)
+    eng = PetastormShard(load_manifest(str(man)).workers[0].path, ["image", "label"], shuffle_buffer=8, queue_size=6)
+    taken, decoded = [], eng.decoded
+
+    def counted(reader):
+        for part in decoded(reader):
+            taken.append(len(part["label"]))
+            yield part
+
+    eng.decoded = counted
+    it = eng.epoch(seed=1, batch_size=8, shuffle=True)
+    first = next(it)                   # one batch handed out and held (the window is one row group)
+    deadline = time.monotonic() + 30
+    while len(taken) < 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(taken) >= 7, f"only {len(taken)} row groups left Petastorm while a batch was held"
+    rows = len(first["label"]) + sum(len(b["label"]) for b in it)
+    assert rows == 320                 # and the epoch is still every row once
+
+
 def test_bad_shards_are_one_line_naming_the_file_and_column(tmp_path):
     ragged = tmp_path / "ragged"
     ragged.mkdir()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import BadInputError
+from pipeline.errors import BadInputError, ConfigError
 from pipeline.train import restart
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import task_gpu, torch_use_gpu
@@ -42,6 +42,22 @@ def test_torchdistributor_use_gpu_comes_from_the_config_not_the_driver():
     assert torch_use_gpu("auto", False, {}) is False
     assert torch_use_gpu("auto", True, gpu_tasks) is False  # local mode: the driver's GPUs count
     assert torch_use_gpu("auto", True, {"spark.driver.resource.gpu.amount": "2"}) is True
+
+
+def test_torchdistributor_on_cuda_must_give_every_worker_a_gpu_of_its_own():
+    from pipeline.train.launch import check_torch_gpus
+
+    check_torch_gpus(2, True, {"spark.driver.resource.gpu.amount": "2"})
+    check_torch_gpus(4, False, {"spark.task.resource.gpu.amount": "1"})
+    for world, local, conf, named in [
+            (2, True, {"spark.driver.resource.gpu.amount": "1"}, "spark.driver.resource.gpu.amount='1'"),
+            (2, True, {}, "spark.driver.resource.gpu.amount=None"),
+            (2, False, {}, "spark.task.resource.gpu.amount=None"),
+            (2, False, {"spark.task.resource.gpu.amount": "0.5"}, "spark.task.resource.gpu.amount='0.5'"),
+            (2, False, {"spark.task.resource.gpu.amount": "x"}, "spark.task.resource.gpu.amount='x'")]:
+        with pytest.raises(ConfigError) as e:
+            check_torch_gpus(world, local, conf)
+        assert named in str(e.value) and "\n" not in str(e.value)
 
 
 # ---------------------------------------------------------------------------- the supervisor alone

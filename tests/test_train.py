@@ -173,6 +173,16 @@ def test_device_errors_and_backend_follows_the_device():
     assert torch_backend(device_kind("auto", cuda_available=False)) == "gloo"
 
 
+def test_the_torch_launcher_on_cuda_without_a_gpu_per_task_is_one_line_before_any_work(spark, tmp_path):
+    """TorchDistributor on CUDA needs spark.task.resource.gpu.amount (a whole GPU per task): one
+    ConfigError naming it, not TorchDistributor's RuntimeError restarted as a lost worker."""
+    man = write_digit_shards(tmp_path / "s", workers=2, n_train=64, n_test=16, n_val=16, row_group_rows=16)
+    with pytest.raises(ConfigError, match=r"spark\.task\.resource\.gpu\.amount=None: launcher=torch with device=cuda"):
+        train(TrainConfig(manifest=str(man), output=str(tmp_path / "o"), launcher="torch", device="cuda",
+                          batch_size=8, progress=False), spark)
+    assert not (tmp_path / "o").exists()
+
+
 def test_torch_communicator_for_cpu_tensors_is_gloo():
     from decentral_fixtures import run_torch_workers, torch_backend_in_use
 

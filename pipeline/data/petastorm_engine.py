@@ -44,6 +44,7 @@ from ..schemas import pad_length
 from ..shards.tensors import tensor_spec
 from .engines import window_batches
 from .parquet import parquet_files, read_parquet_schema
+from .prefetch import DevicePrefetcher
 
 # Petastorm 0.12 calls pyarrow's deprecated legacy dataset API on every reader and row group: one
 # warning per call in every worker's log, about Petastorm's own code
@@ -122,12 +123,17 @@ class PetastormShard:
 
         g = torch.Generator().manual_seed(seed) if shuffle else None
         with self.open_reader(seed, shuffle) as reader:
+            # Petastorm ventilates a row group only after its consumer took the previous ones, so a
+            # thread of our own drains the reader (and decodes) into a queue of `queue_size` row
+            # groups while the batches of the window before are handed out
+            parts = iter(DevicePrefetcher(self.decoded(reader), "cpu", depth=self.queue_size))
             try:
-                yield from window_batches(self.decoded(reader), g, batch_size, max(batch_size, self.shuffle_buffer),
-                                          skip, limit)
+                yield from window_batches(parts, g, batch_size, max(batch_size, self.shuffle_buffer), skip, limit)
             except RuntimeError as e:    # Petastorm's message for lists of several lengths
                 if "are expected to be the same length" in str(e):
                     col = re.search(r"column '([^']+)'", str(e))
                     raise BadInputError(f"{self.path}: column {col.group(1) if col else '?'!r} has lists of "
                                         "several lengths; the reader needs one length per column") from None
                 raise
+            finally:
+                parts.close()            # the read-ahead thread ends before the reader closes

@@ -103,9 +103,10 @@ class DevicePrefetcher:
                 yield moved
         finally:
             stop.set()
-            while t.is_alive():
+            while t.is_alive():      # free a producer blocked on a full queue, and wait for it in short steps
                 try:
-                    q.get(timeout=0.1)
+                    while True:
+                        q.get_nowait()
                 except queue.Empty:
                     pass
-            t.join()
+                t.join(0.002)

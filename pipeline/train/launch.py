@@ -361,6 +361,28 @@ def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) 
         raise ConfigError(f"invalid Spark setting {key}={spark_conf.get(key)!r}: expected a number") from None
 
 
+def check_torch_gpus(world: int, local_mode: bool, spark_conf: Mapping[str, str]) -> None:
+    """A NCCL world takes one whole GPU per worker (two ranks on one GPU are refused by NCCL).
+    TorchDistributor on CUDA starts, in local mode, at most as many processes as the driver has GPUs
+    (``spark.driver.resource.gpu.amount``; it would silently start fewer than the plan's workers),
+    and on a cluster one process per ``spark.task.resource.gpu.amount`` GPUs of a task. Refuse, in
+    one line naming the setting, what would not give every worker a GPU of its own."""
+    key = "spark.driver.resource.gpu.amount" if local_mode else "spark.task.resource.gpu.amount"
+    raw = spark_conf.get(key)
+    try:
+        amount = float(raw or 0)
+    except ValueError:
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: expected a number") from None
+    if local_mode and amount < world:
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch in local mode with device=cuda runs "
+                          f"one process per GPU of the driver, and {world} workers need {world} GPUs (NCCL cannot "
+                          "put two workers on one GPU); use fewer workers, more GPUs or device=cpu")
+    if not local_mode and (amount < 1 or amount != int(amount)):
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch with device=cuda needs a whole GPU "
+                          "per task (NCCL cannot put two workers on one GPU): set it to 1 and give the executors "
+                          "GPUs (spark.executor.resource.gpu.amount and its discoveryScript)")
+
+
 def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -373,6 +395,8 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
         _task_environment(spark)
     conf = dict(spark.sparkContext.getConf().getAll())
     use_gpu = torch_use_gpu(cfg.device, cfg.torch_local_mode, conf)
+    if use_gpu:
+        check_torch_gpus(world, cfg.torch_local_mode, conf)
     res = TorchDistributor(num_processes=world, local_mode=cfg.torch_local_mode, use_gpu=use_gpu).run(
         worker_entry, *args)
     return [res]
