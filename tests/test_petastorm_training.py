@@ -64,17 +64,27 @@ def hlf_shards(spark, tmp_path_factory):
     return root / "shards" / "manifest.json"
 
 
+def _hlf_run(spark, manifest, out, launcher: str, engine: str, seed: int) -> dict:
+    return train(TrainConfig(manifest=str(manifest), output=str(out), model="hlf", launcher=launcher, epochs=8,
+                             batch_size=64, optimizer="sgd", lr=0.05, seed=seed, progress=False, max_restarts=0,
+                             loader={"engine": engine}, debug={"record_param_digests": engine == "petastorm"}), spark)
+
+
+@pytest.fixture(scope="module")
+def native_hlf_accuracy(spark, hlf_shards, tmp_path_factory) -> list[float]:
+    """The native engine's test accuracy at seeds 1 and 2 (2 local worker processes: the same
+    AR-SGD arithmetic as under the Spark launchers, in less time)."""
+    root = tmp_path_factory.mktemp("native")
+    return [_hlf_run(spark, hlf_shards, root / str(seed), "local", "native", seed)["test_accuracy"] for seed in (1, 2)]
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("launcher", [pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
-def test_hlf_through_petastorm_reaches_the_native_engines_accuracy(launcher, spark, hlf_shards, tmp_path):
-    def run(engine, seed):
-        return train(TrainConfig(manifest=str(hlf_shards), output=str(tmp_path / f"{engine}-{seed}"), model="hlf",
-                                 launcher=launcher, epochs=8, batch_size=64, optimizer="sgd", lr=0.05, seed=seed,
-                                 progress=False, max_restarts=0, loader={"engine": engine},
-                                 debug={"record_param_digests": engine == "petastorm"}), spark)
-
-    native = [run("native", seed)["test_accuracy"] for seed in (1, 2)]
-    s = run("petastorm", 1)
+def test_hlf_through_petastorm_reaches_the_native_engines_accuracy(launcher, spark, hlf_shards, native_hlf_accuracy,
+                                                                   tmp_path):
+    native = native_hlf_accuracy
+    s = _hlf_run(spark, hlf_shards, tmp_path / "petastorm", launcher, "petastorm", 1)
+    assert s["launcher"] == launcher
     r0, r1 = s["ranks"]
     assert r0["digests"] == r1["digests"] and len(r0["digests"]) == s["steps"]     # in step through Petastorm
     assert min(native) > 0.6                        # chance is 1/3; the classes' overlap allows about 0.66
