@@ -96,7 +96,7 @@ def test_a_horovod_tasks_gpu_is_read_through_horovods_public_api():
     from horovod.spark.task import task_info
     from pyspark.resource import ResourceInformation
 
-    from pipeline.train.launch import task_gpu
+    from pipeline.train.gpus import task_gpu
 
     try:
         task_info.set_resources({"gpu": ResourceInformation("gpu", ["3"])})

@@ -15,7 +15,7 @@ import pytest
 from pipeline.errors import BadInputError, ConfigError
 from pipeline.train import restart
 from pipeline.train.config import TrainConfig
-from pipeline.train.launch import task_gpu, torch_use_gpu
+from pipeline.train.gpus import task_gpu, torch_use_gpu
 
 pytest_plugins = ["train_fixtures"]
 
@@ -45,7 +45,7 @@ def test_torchdistributor_use_gpu_comes_from_the_config_not_the_driver():
 
 
 def test_torchdistributor_on_cuda_must_give_every_worker_a_gpu_of_its_own():
-    from pipeline.train.launch import check_torch_gpus
+    from pipeline.train.gpus import check_torch_gpus
 
     check_torch_gpus(2, True, {"spark.driver.resource.gpu.amount": "2"})
     check_torch_gpus(4, False, {"spark.task.resource.gpu.amount": "1"})

@@ -1,0 +1,77 @@
+"""Which GPU a Spark-launched worker gets, and what TorchDistributor may do with GPUs.
+
+* :func:`task_gpu` -- the GPU Spark assigned to the task a worker runs in (Horovod-on-Spark
+  records it through its task service; TorchDistributor sets ``CUDA_VISIBLE_DEVICES`` itself).
+* :func:`torch_use_gpu` -- TorchDistributor's ``use_gpu`` from the config, never from whether the
+  driver sees CUDA.
+* :func:`check_torch_gpus` -- one whole GPU per worker for a NCCL world, checked on the driver
+  before any process starts.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ..errors import ConfigError
+
+
+def task_gpu(resources: Optional[Mapping[str, Any]] = None) -> Optional[int]:
+    """The GPU Spark assigned to this task (the first address of its ``gpu`` resource), None when
+    it has none. ``resources`` defaults to what the task sees: inside a Horovod-on-Spark worker
+    the resources Horovod fetched from the task's ``TaskContext``, else ``TaskContext.get()``."""
+    if resources is None:
+        resources = _task_resources()
+    gpu = (resources or {}).get("gpu")
+    addresses = list(getattr(gpu, "addresses", gpu) or [])
+    return int(addresses[0]) if addresses else None
+
+
+def _task_resources() -> Mapping[str, Any]:
+    try:
+        from horovod.spark.task.task_info import get_available_devices
+
+        gpus = get_available_devices()   # the GPU addresses Horovod took from the task's TaskContext
+        if gpus:
+            return {"gpu": list(gpus)}
+    except ImportError:
+        pass
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return {}
+    tc = TaskContext.get()
+    return tc.resources() if tc is not None else {}
+
+
+def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) -> bool:
+    """TorchDistributor's ``use_gpu``, from the config only (the driver often has no GPU):
+    ``device=cuda`` -> True, ``cpu`` -> False, ``auto`` -> whether Spark gives GPUs to the
+    processes (``spark.task.resource.gpu.amount``, or the driver's amount in local mode)."""
+    if device != "auto":
+        return device == "cuda"
+    key = "spark.driver.resource.gpu.amount" if local_mode else "spark.task.resource.gpu.amount"
+    try:
+        return float(spark_conf.get(key) or 0) > 0
+    except ValueError:
+        raise ConfigError(f"invalid Spark setting {key}={spark_conf.get(key)!r}: expected a number") from None
+
+
+def check_torch_gpus(world: int, local_mode: bool, spark_conf: Mapping[str, str]) -> None:
+    """A NCCL world takes one whole GPU per worker (two ranks on one GPU are refused by NCCL).
+    TorchDistributor on CUDA starts, in local mode, at most as many processes as the driver has GPUs
+    (``spark.driver.resource.gpu.amount``; it would silently start fewer than the plan's workers),
+    and on a cluster one process per ``spark.task.resource.gpu.amount`` GPUs of a task. Refuse, in
+    one line naming the setting, what would not give every worker a GPU of its own."""
+    key = "spark.driver.resource.gpu.amount" if local_mode else "spark.task.resource.gpu.amount"
+    raw = spark_conf.get(key)
+    try:
+        amount = float(raw or 0)
+    except ValueError:
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: expected a number") from None
+    if local_mode and amount < world:
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch in local mode with device=cuda runs "
+                          f"one process per GPU of the driver, and {world} workers need {world} GPUs (NCCL cannot "
+                          "put two workers on one GPU); use fewer workers, more GPUs or device=cpu")
+    if not local_mode and (amount < 1 or amount != int(amount)):
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch with device=cuda needs a whole GPU "
+                          "per task (NCCL cannot put two workers on one GPU): set it to 1 and give the executors "
+                          "GPUs (spark.executor.resource.gpu.amount and its discoveryScript)")
