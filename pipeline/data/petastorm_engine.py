@@ -22,8 +22,10 @@ What keeps the native engines' contracts:
 * Petastorm's thread pool draws a number from Python's global ``random`` when it is built: the
   global state is restored around it, so the model's random streams are untouched.
 
-The one reader thread reads and decodes row groups while the consumer (the reader's prefetch
-thread, :class:`~pipeline.data.prefetch.DevicePrefetcher`) batches and transforms; neither runs on
+Petastorm's reader thread reads row groups; a read-ahead thread of the engine takes them from
+Petastorm as they come and decodes them into a queue of ``queue_size`` (Petastorm ventilates the
+next row groups only after its consumer took the ones before); the reader's prefetch thread
+(:class:`~pipeline.data.prefetch.DevicePrefetcher`) batches and transforms. None of them runs on
 the training thread. Petastorm's ventilator keeps ``workers_count + 2`` row groups in flight and
 polls every 10 ms when they are out, which bounds one reader thread at about 300 row groups per
 second: larger row groups read proportionally faster (docs/loader.md).
