@@ -48,11 +48,18 @@ def torch_use_gpu(device: str, local_mode: bool, spark_conf: Mapping[str, str]) 
     processes (``spark.task.resource.gpu.amount``, or the driver's amount in local mode)."""
     if device != "auto":
         return device == "cuda"
+    return _gpu_amount(local_mode, spark_conf)[2] > 0
+
+
+def _gpu_amount(local_mode: bool, spark_conf: Mapping[str, str]) -> tuple[str, Optional[str], float]:
+    """(key, raw value, amount) of the GPUs Spark gives the processes: the driver's in local mode,
+    else a task's."""
     key = "spark.driver.resource.gpu.amount" if local_mode else "spark.task.resource.gpu.amount"
+    raw = spark_conf.get(key)
     try:
-        return float(spark_conf.get(key) or 0) > 0
+        return key, raw, float(raw or 0)
     except ValueError:
-        raise ConfigError(f"invalid Spark setting {key}={spark_conf.get(key)!r}: expected a number") from None
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: expected a number") from None
 
 
 def check_torch_gpus(world: int, local_mode: bool, spark_conf: Mapping[str, str]) -> None:
@@ -61,12 +68,7 @@ def check_torch_gpus(world: int, local_mode: bool, spark_conf: Mapping[str, str]
     (``spark.driver.resource.gpu.amount``; it would silently start fewer than the plan's workers),
     and on a cluster one process per ``spark.task.resource.gpu.amount`` GPUs of a task. Refuse, in
     one line naming the setting, what would not give every worker a GPU of its own."""
-    key = "spark.driver.resource.gpu.amount" if local_mode else "spark.task.resource.gpu.amount"
-    raw = spark_conf.get(key)
-    try:
-        amount = float(raw or 0)
-    except ValueError:
-        raise ConfigError(f"invalid Spark setting {key}={raw!r}: expected a number") from None
+    key, raw, amount = _gpu_amount(local_mode, spark_conf)
     if local_mode and amount < world:
         raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch in local mode with device=cuda runs "
                           f"one process per GPU of the driver, and {world} workers need {world} GPUs (NCCL cannot "
