@@ -54,6 +54,10 @@ def test_torchdistributor_on_cuda_must_give_every_worker_a_gpu_of_its_own():
             (2, True, {}, "spark.driver.resource.gpu.amount=None"),
             (2, False, {}, "spark.task.resource.gpu.amount=None"),
             (2, False, {"spark.task.resource.gpu.amount": "0.5"}, "spark.task.resource.gpu.amount='0.5'"),
+            # a whole number above 1 would hang: TorchDistributor starts ceil(world/amount) tasks, each
+            # told --nnodes=world, so the rendezvous never fills
+            (2, False, {"spark.task.resource.gpu.amount": "2"}, "spark.task.resource.gpu.amount='2'"),
+            (4, False, {"spark.task.resource.gpu.amount": "4"}, "spark.task.resource.gpu.amount='4'"),
             (2, False, {"spark.task.resource.gpu.amount": "x"}, "spark.task.resource.gpu.amount='x'")]:
         with pytest.raises(ConfigError) as e:
             check_torch_gpus(world, local, conf)

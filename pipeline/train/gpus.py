@@ -4,7 +4,7 @@
   records it through its task service; TorchDistributor sets ``CUDA_VISIBLE_DEVICES`` itself).
 * :func:`torch_use_gpu` -- TorchDistributor's ``use_gpu`` from the config, never from whether the
   driver sees CUDA.
-* :func:`check_torch_gpus` -- one whole GPU per worker for a NCCL world, checked on the driver
+* :func:`check_torch_gpus` -- exactly one GPU per worker for a NCCL world, checked on the driver
   before any process starts.
 """
 from __future__ import annotations
@@ -66,14 +66,17 @@ def check_torch_gpus(world: int, local_mode: bool, spark_conf: Mapping[str, str]
     """A NCCL world takes one whole GPU per worker (two ranks on one GPU are refused by NCCL).
     TorchDistributor on CUDA starts, in local mode, at most as many processes as the driver has GPUs
     (``spark.driver.resource.gpu.amount``; it would silently start fewer than the plan's workers),
-    and on a cluster one process per ``spark.task.resource.gpu.amount`` GPUs of a task. Refuse, in
-    one line naming the setting, what would not give every worker a GPU of its own."""
+    and on a cluster ceil(world / amount) tasks of ``spark.task.resource.gpu.amount`` GPUs each,
+    every one told ``--nnodes=world``: an amount of anything but exactly 1 either shares a GPU (below
+    1) or starts fewer nodes than the rendezvous waits for (above 1: it hangs). Refuse, in one line
+    naming the setting, what would not give every worker exactly one GPU of its own."""
     key, raw, amount = _gpu_amount(local_mode, spark_conf)
     if local_mode and amount < world:
         raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch in local mode with device=cuda runs "
                           f"one process per GPU of the driver, and {world} workers need {world} GPUs (NCCL cannot "
                           "put two workers on one GPU); use fewer workers, more GPUs or device=cpu")
-    if not local_mode and (amount < 1 or amount != int(amount)):
-        raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch with device=cuda needs a whole GPU "
-                          "per task (NCCL cannot put two workers on one GPU): set it to 1 and give the executors "
-                          "GPUs (spark.executor.resource.gpu.amount and its discoveryScript)")
+    if not local_mode and amount != 1:
+        raise ConfigError(f"invalid Spark setting {key}={raw!r}: launcher=torch with device=cuda needs exactly one "
+                          "GPU per task (NCCL cannot put two workers on one GPU, and TorchDistributor starts "
+                          "ceil(workers / amount) tasks that each wait for all the workers): set it to 1 and give "
+                          "the executors GPUs (spark.executor.resource.gpu.amount and its discoveryScript)")
