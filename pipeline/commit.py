@@ -51,27 +51,53 @@ use it in a session that retries tasks (``spark.task.maxFailures`` > 1).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import posixpath
 import re
 import shutil
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
 from .errors import BadInputError, PipelineError
-from .fs import Location, check_writable, delete_tree, error_reason, exists, location, write_bytes
+from .fs import (Location, check_writable, delete_file, delete_tree, error_reason, exists, list_files, location,
+                 remove_dir_if_empty, sync_dir, write_bytes)
+from .marker import (ATTEMPTS, COMPLETE_MARKER, Marker, foreign_file, job_siblings, old_name, parent,
+                     previous_generation, read_marker, refuse_foreign, staging_name)
 
-COMPLETE_MARKER = "_COMPLETE"
-ATTEMPTS = "_attempts"
 #: the two fields every task result row carries for the commit (Spark DDL)
 ATTEMPT_DDL = "attempt_dir string, files array<string>"
 FAULT_ENV = "PIPELINE_TEST_FAULT"
 FAULT_PROPERTY = "pipeline.test.fault"
+#: commit drills: ``<n>`` stops this process (``os._exit(KILLED_EXIT)``) right after the n-th step of
+#: its commits (each rename, move, copy, marker write or delete), so a test can stop a commit anywhere
+COMMIT_KILL_ENV = "PIPELINE_TEST_COMMIT_KILL"
+#: a local commit takes two renames instead of an atomic exchange (what filesystems without
+#: ``RENAME_EXCHANGE`` get), for the drills of :func:`recover_local`
+NO_EXCHANGE_ENV = "PIPELINE_TEST_NO_EXCHANGE"
+KILLED_EXIT = 57
 _ATTEMPT_DIR = re.compile(r"^_attempts/s(-?\d+)-p(\d+)-a(\d+)-t(-?\d+)$")
 _MOVE_THREADS = 8
+
+
+_steps_done = 0
+
+
+def _step(what: str) -> None:
+    """One step of a commit is done (:data:`COMMIT_KILL_ENV`)."""
+    global _steps_done
+    spec = os.environ.get(COMMIT_KILL_ENV)
+    if not spec:
+        return
+    _steps_done += 1
+    if _steps_done == int(spec):
+        sys.stderr.write(f"[commit drill] stopped after step {_steps_done}: {what}\n")
+        sys.stderr.flush()
+        os._exit(KILLED_EXIT)
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -282,46 +308,104 @@ def _relative(rel: str) -> str:
 # the driver side
 # --------------------------------------------------------------------------------------------
 
+def _exchange(a: str, b: str) -> bool:
+    """Swap two directories atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or the filesystem cannot (then the commit takes two renames, :func:`recover_local`)."""
+    global _EXCHANGE_OK
+    if not _EXCHANGE_OK or os.environ.get(NO_EXCHANGE_ENV):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        _EXCHANGE_OK = False
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:     # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), a)
+
+
+_EXCHANGE_OK = True
+
+
+def recover_local(final: Location) -> None:
+    """Put back the previous local output where a commit that had to take two renames (no atomic
+    exchange on this filesystem) stopped between them: ``final`` missing, ``.<name>.old-<job>``
+    complete. Nothing to do otherwise."""
+    if not final.is_local or os.path.lexists(final.path):
+        return
+    for _, old in job_siblings(final, "old"):
+        if foreign_file(old) is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(old.path, final.path)
+            return
+
+
 class OutputJob:
     """One output directory being written by a job: its prefix, the files kept, the commit."""
 
     def __init__(self, final: str | os.PathLike | Location, *, overwrite: bool = True) -> None:
         self.final = location(final, output=True)
         self.job_id = uuid.uuid4().hex[:12]
-        self.staging = self.final.sibling(f".{self.final.name}.tmp-{self.job_id}")
+        self.staging = self.final.sibling(staging_name(self.final, self.job_id))
         self.target = JobTarget(str(self.staging))
         self._kept: dict[str, str] = {}           # output name -> attempt dir ("" for the driver's files)
         self._tasks: dict[tuple[int, int], str] = {}
         self._overwrite = overwrite
+        self._published = False                   # a marker names files in the job's prefix
 
     # -- life cycle -------------------------------------------------------------------------
     def begin(self) -> "OutputJob":
+        """Check the target before any work: writable, and ours to replace (absent, empty, or a
+        committed output of this pipeline); clean what earlier jobs left beside it."""
+        if not self.final.is_local:
+            check_writable(self.final)
+        recover_local(self.final)
+        if not self._overwrite and exists(self.final):
+            raise BadInputError(f"output already exists: {self.final} (pass overwrite=true to replace it)")
+        refuse_foreign(self.final)
+        self._clean_leftovers()
         if self.final.is_local:
-            if os.path.exists(self.final.path) and not self._overwrite:
-                raise BadInputError(f"output already exists: {self.final} (pass overwrite=true to replace it)")
             try:
                 os.makedirs(self.staging.path)
             except OSError as e:
                 raise BadInputError(f"{self.final}: cannot create the output: {e.strerror or e}") from None
-            return self
-        check_writable(self.final)
-        if not self._overwrite and exists(self.final):
-            raise BadInputError(f"output already exists: {self.final} (pass overwrite=true to replace it)")
         return self
 
+    def _clean_leftovers(self) -> None:
+        """Delete the staging prefixes and set-aside outputs of earlier jobs on this output (a
+        crashed or killed commit), except the staging prefix the current marker still reads from."""
+        current = read_marker(self.final)
+        keep = set()
+        if current is not None:
+            keep = {posixpath.normpath(current.where(self.final, n).path) for n in current.objects}
+        for kind in ("tmp", "old"):
+            for _, loc in job_siblings(self.final, kind):
+                if not any(k == loc.path or k.startswith(loc.path.rstrip("/") + "/") for k in keep):
+                    delete_tree(loc)
+                    _step(f"cleaned {loc.name}")
+
     def abort(self) -> None:
-        """Delete everything the job wrote; the previous output stays as it was."""
-        delete_tree(self.staging)
+        """Delete everything the job wrote; the previous output stays as it was. Once a commit on
+        an object store has written the marker naming the job's prefix, the new output is the
+        committed one: the prefix stays until the next job on this output cleans it."""
+        if not self._published:
+            delete_tree(self.staging)
 
     def commit(self) -> list[str]:
         """Publish the kept files under the final name; returns their names (sorted)."""
         files = sorted(self._kept)
         if self.final.is_local:
-            self._commit_local()
+            self._commit_local(files)
         else:
             self._commit_object_store(files)
         return files
-
     # -- what is kept -----------------------------------------------------------------------
     def add(self, results: Iterable[Any]) -> None:
         """Keep the files of the task attempts in ``results`` (rows or dicts with ``attempt_dir``
@@ -395,39 +479,90 @@ class OutputJob:
         return {rel: self.staging.child(d, rel) if d else self.staging.child(rel) for rel, d in self._kept.items()}
 
     # -- commit -----------------------------------------------------------------------------
-    def _commit_local(self) -> None:
+    def _commit_local(self, files: list[str]) -> None:
+        """Rename the kept files to their names inside the prefix, write the marker there, then
+        exchange the prefix with the previous output in one step (or, where the filesystem cannot,
+        move the previous output aside and the prefix into place: :func:`recover_local` undoes a
+        stop between the two); the previous output is deleted last."""
         root = self.staging.path
         for rel, d in self._kept.items():
             if d:
                 dest = os.path.join(root, rel)
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
                 os.replace(os.path.join(root, d, rel), dest)
+                _step(f"moved {rel}")
         shutil.rmtree(os.path.join(root, ATTEMPTS), ignore_errors=True)
-        final, old = self.final.path, None
-        if os.path.exists(final):
-            old = self.final.sibling(f".{self.final.name}.old-{self.job_id}").path
+        _step("removed the attempts")
+        write_bytes(self.staging.child(COMPLETE_MARKER), Marker(self.job_id, tuple(files)).to_bytes())
+        _step("wrote the marker")
+        final = self.final.path
+        if not os.path.lexists(final):
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(root, final)
+            _step("renamed the output into place")
+        elif _exchange(root, final):
+            _step("exchanged the outputs")
+            delete_tree(self.staging)                 # now the previous output
+            _step("deleted the previous output")
+        else:
+            old = self.final.sibling(old_name(self.final, self.job_id)).path
             os.replace(final, old)
-        os.replace(root, final)
-        if old is not None:
+            _step("moved the previous output aside")
+            os.replace(root, final)
+            _step("renamed the output into place")
             shutil.rmtree(old, ignore_errors=True)
+            _step("deleted the previous output")
+        sync_dir(parent(self.final))
         # a zombie attempt that recreated its directory inside the prefix before the rename
         shutil.rmtree(os.path.join(final, ATTEMPTS), ignore_errors=True)
 
     def _commit_object_store(self, files: list[str]) -> None:
+        """No object is overwritten while a marker names it: (1) a marker naming the new files
+        where they lie in the job's prefix (the new output is complete from here on), (2) each
+        file copied under its own name, (3) the marker naming them there and the previous output's
+        files still to delete, (4) those deleted, one by one, (5) the marker naming the new files
+        alone, (6) the job's prefix deleted. A stop at any step leaves the old or the new output
+        complete, and everything beside it ours (listed by the marker, or a job's prefix) for the
+        next job on this output to delete (:meth:`_clean_leftovers`, step 4 of its commit)."""
         fsys = self.final.filesystem()
         marker = self.final.child(COMPLETE_MARKER)
-        with contextlib.suppress(FileNotFoundError):
-            fsys.delete_file(marker.path)          # no reader takes the old output for complete from here on
-        delete_tree(self.final)
-        moves = [(src.path, self.final.child(rel).path) for rel, src in self.kept().items()]
+        previous = previous_generation(self.final)
+        kept = self.kept()
+        present = {f.path for f in list_files(self.staging)}
+        missing = sorted(rel for rel, src in kept.items() if src.path not in present)
+        if missing:                 # checked before any marker names them: the old output stays as it is
+            raise BadInputError(f"{self.final}: cannot commit: {missing[0]} is missing from the job's prefix")
+        new = set(files)
+        replaced = tuple(n for n in (previous.files if previous else ()) if n not in new and n != COMPLETE_MARKER)
+        stale = bool(previous and previous.objects)
+        rel_to_final = {rel: posixpath.relpath(src.path, self.final.path.rstrip("/")) for rel, src in kept.items()}
+        write_bytes(marker, Marker(self.job_id, tuple(files), rel_to_final, replaced).to_bytes())
+        self._published = True
+        _step("wrote the marker naming the job's prefix")
         with ThreadPoolExecutor(max_workers=_MOVE_THREADS) as pool:
-            for fut in [pool.submit(fsys.move, s, d) for s, d in moves]:
+            futs = [pool.submit(fsys.copy_file, src.path, self.final.child(rel).path) for rel, src in kept.items()]
+            for (rel, _), fut in zip(kept.items(), futs):
                 try:
                     fut.result()
                 except OSError as e:
                     raise BadInputError(f"{self.final}: cannot write: {error_reason(e)}") from None
-        write_bytes(marker, json.dumps({"files": files, "job": self.job_id}).encode())
+                _step(f"copied {rel}")
+        if replaced:
+            write_bytes(marker, Marker(self.job_id, tuple(files), replaced=replaced).to_bytes())
+            _step("wrote the marker naming the files to delete")
+            for name in replaced:
+                delete_file(self.final.child(name))
+                _step(f"deleted the previous {name}")
+        write_bytes(marker, Marker(self.job_id, tuple(files)).to_bytes())
+        _step("wrote the marker")
+        if stale:                    # a previous job's prefix that its stopped commit left named
+            self._clean_leftovers()
+        dirs = {posixpath.dirname(f) for f in files}
+        for name in replaced:
+            if posixpath.dirname(name) and posixpath.dirname(name) not in dirs:
+                remove_dir_if_empty(self.final.child(posixpath.dirname(name)))
         delete_tree(self.staging)
+        _step("deleted the job's prefix")
 
 
 @contextlib.contextmanager

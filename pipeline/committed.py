@@ -1,37 +1,46 @@
-"""Reading a committed output: whether a path is one (or lies inside one) and which data files it
-holds. On an object store the ``_COMPLETE`` marker written last by :mod:`pipeline.commit` lists the
-files, and only those are read; a local output is complete once it exists (the commit renames it
-into place)."""
+"""Reading a committed output: whether a path is one (or lies inside one), which data files it
+holds and where each of its files lies.
+
+Every commit writes the ``_COMPLETE`` marker last (:mod:`pipeline.marker`), and readers take the
+marker's list, never a listing: an object or file that anyone put under a committed output after
+its commit is not read, and a commit stopped at any step leaves the marker naming the old or the
+new output. On an object store the marker is required; a local directory without one (a dataset
+a user wrote) is read by listing it.
+"""
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from typing import Optional
 
-from .commit import COMPLETE_MARKER
+from .commit import recover_local
 from .errors import BadInputError
-from .fs import Location, exists, list_files, location, read_bytes_if_exists
+from .fs import Location, exists, list_files, location
+from .marker import COMPLETE_MARKER, Marker, parent, read_marker
 
 
-
-def _enclosing_marker(loc: Location) -> tuple[Optional[Location], Optional[bytes]]:
-    """The committed output holding ``loc`` on an object store: ``loc`` itself or its nearest parent
-    prefix with a ``_COMPLETE`` marker (a dataset inside a job's output, such as ``features/hlf``),
-    and the marker's bytes; (None, None) when no prefix up to the bucket has one."""
+def _enclosing_marker(loc: Location) -> tuple[Optional[Location], Optional[Marker]]:
+    """The committed output holding ``loc``: ``loc`` itself or its nearest parent with a
+    ``_COMPLETE`` marker (a dataset inside a job's output, such as ``features/hlf``), and the
+    marker; (None, None) when no parent up to the bucket or the filesystem root has one."""
     cur = loc
     while True:
-        raw = read_bytes_if_exists(cur.child(COMPLETE_MARKER))
-        if raw is not None or cur.is_bucket_root:
-            return (cur, raw) if raw is not None else (None, None)
-        cur = Location(cur.scheme, posixpath.dirname(cur.path.rstrip("/")))
+        marker = read_marker(cur)
+        if marker is not None:
+            return cur, marker
+        up = parent(cur)
+        if cur.is_bucket_root or up.path in (cur.path, "", "/"):
+            return None, None
+        cur = up
 
 
 def require_complete(path: str | os.PathLike | Location, what: str = "input") -> Location:
     """``path`` exists and, on an object store, is (or lies inside) a committed output: it or a
-    parent prefix carries the completion marker."""
+    parent prefix carries the completion marker. A local output that a commit left moved aside
+    (a stop between its two renames) is put back first."""
     loc = location(path)
     if loc.is_local:
+        recover_local(loc)
         if not os.path.exists(loc.path):
             raise BadInputError(f"{what} not found: {loc}")
         if not os.access(loc.path, os.R_OK):
@@ -45,24 +54,41 @@ def require_complete(path: str | os.PathLike | Location, what: str = "input") ->
     return loc
 
 
+def _marker_names(loc: Location, root: Location, marker: Marker) -> list[str]:
+    """The names of the marker's files under ``loc`` (relative to ``loc``)."""
+    under = posixpath.relpath(loc.path.rstrip("/"), root.path.rstrip("/"))
+    if under == ".":
+        return list(marker.files)
+    return [n[len(under) + 1:] for n in marker.files if n.startswith(under + "/")]
+
+
 def committed_files(path: str | os.PathLike | Location, suffix: str = "", what: str = "input") -> list[Location]:
-    """The data files of a committed output (or of a dataset inside one), sorted: on an object
-    store those of the enclosing ``_COMPLETE`` marker's list under ``path`` (objects beside them are
-    never read), on a local path the files under it; names with a component starting with ``_`` or
-    ``.`` (reports, markers) are left out."""
-    loc = location(path)
-    if loc.is_local or loc.scheme != "s3":
-        require_complete(loc, what)
+    """The data files of a committed output (or of a dataset inside one), sorted by name: the files
+    of the enclosing ``_COMPLETE`` marker's list under ``path``, where they lie (objects beside them
+    are never read); a local directory without a marker: the files under it. Names with a component
+    starting with ``_`` or ``.`` (reports, markers) are left out."""
+    loc = require_complete(path, what)
+    root, marker = _enclosing_marker(loc)
+    if marker is None:
         names = [posixpath.relpath(f.path, loc.path) for f in list_files(loc)]
+        where = {n: loc.child(n) for n in names}
     else:
-        root, raw = _enclosing_marker(loc)
-        if root is None:
-            require_complete(loc, what)
-        try:
-            listed = list(json.loads(raw)["files"])
-        except (ValueError, KeyError, TypeError):
-            raise BadInputError(f"{root.child(COMPLETE_MARKER)}: not a valid completion marker") from None
-        under = posixpath.relpath(loc.path.rstrip("/"), root.path.rstrip("/"))
-        names = listed if under == "." else [n[len(under) + 1:] for n in listed if n.startswith(under + "/")]
+        names = _marker_names(loc, root, marker)
+        prefix = posixpath.relpath(loc.path.rstrip("/"), root.path.rstrip("/"))
+        where = {n: marker.where(root, n if prefix == "." else f"{prefix}/{n}") for n in names}
     keep = [n for n in names if n.endswith(suffix) and not any(p.startswith(("_", ".")) for p in n.split("/"))]
-    return [loc.child(n) for n in sorted(keep)]
+    return [where[n] for n in sorted(keep)]
+
+
+def resolve(path: str | os.PathLike | Location) -> Location:
+    """Where the bytes of the file ``path`` of a committed output lie now (a commit on an object
+    store names them in its job's prefix until it has copied them under their own names); ``path``
+    itself when no marker says otherwise."""
+    loc = location(path)
+    if loc.is_local:
+        recover_local(parent(loc))
+        return loc
+    root, marker = _enclosing_marker(parent(loc))
+    if marker is None or not marker.objects:
+        return loc
+    return marker.where(root, posixpath.relpath(loc.path, root.path.rstrip("/")))

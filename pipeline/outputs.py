@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .commit import COMPLETE_MARKER, OutputJob, json_bytes
-from .committed import require_complete
+from .committed import require_complete, resolve
 from .errors import BadInputError
 from .fs import location, read_bytes, write_bytes
 
@@ -86,7 +86,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> str | Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    loc = location(path)
+    loc = resolve(path)         # a file of a committed output: where its marker says it lies
     if loc.is_local and not Path(loc.path).is_file():
         raise BadInputError(f"file not found: {loc}")
     try:

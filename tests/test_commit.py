@@ -66,17 +66,18 @@ def test_commit_keeps_the_reported_attempts_only(store_root):
         job.write_json("_report.json", {"rows": 200})
         assert fs.exists(fs.location(loser.location("part-00000.parquet")))   # still there before the commit
     expected = ["_report.json", "part-00000.parquet", "sub/part-00001.parquet"]
-    remote = not fs.location(out).is_local
-    assert _names(out) == sorted(expected + ([COMPLETE_MARKER] if remote else []))
+    assert _names(out) == sorted(expected + [COMPLETE_MARKER])
     assert sorted(_read_ids(out)) == list(range(200))
     assert [os.path.relpath(f.path, fs.location(out).path) for f in committed_files(out)] == expected[1:]
     assert _names(store_root) == [f"out/{n}" for n in _names(out)]                  # no job prefix, no attempts
-    if remote:
-        marker = json.loads(fs.read_bytes(fs.location(out).child(COMPLETE_MARKER)))
-        assert marker["files"] == expected
+    marker = json.loads(fs.read_bytes(fs.location(out).child(COMPLETE_MARKER)))
+    assert marker["files"] == expected and "objects" not in marker
 
 
 def test_commit_replaces_the_previous_output_and_a_failure_keeps_it(store_root):
+    """A second commit replaces the first; a failure in the job body, and a failure inside the
+    commit itself (a kept file gone from the job's prefix when the commit moves it), keep the
+    previous output whole and readable."""
     out = f"{store_root}/out"
     with output_job(out) as job:
         a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
@@ -96,6 +97,21 @@ def test_commit_replaces_the_previous_output_and_a_failure_keeps_it(store_root):
             raise RuntimeError("boom")
     assert {n: fs.read_bytes(fs.location(out).child(n)) for n in _names(out)} == before
     assert _names(store_root) == [f"out/{n}" for n in sorted(before)]
+    with pytest.raises((OSError, BadInputError)):
+        with output_job(out) as job:
+            a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+            a.write_table("part-00000.parquet", _table(0, 5))
+            b = job.target.attempt(stage=0, partition=1, attempt=0, task_attempt_id=1)
+            b.write_table("part-00001.parquet", _table(5, 9))
+            job.add([a.record(), b.record()])
+            fs.delete_file(job.kept()["part-00001.parquet"])     # the commit fails on this file
+    ids = sorted(_read_ids(out))
+    assert ids in (list(range(10, 20)), list(range(0, 9))), ids    # the old output, or the new one whole
+    if fs.location(out).is_local:
+        assert {n: fs.read_bytes(fs.location(out).child(n)) for n in _names(out)} == before
+    with output_job(out) as job:                                    # the next run succeeds and cleans up
+        job.write_bytes("a.txt", b"a")
+    assert _names(store_root) == ["out/_COMPLETE", "out/a.txt"]
 
 
 def test_a_stray_object_beside_a_committed_output_is_not_read(s3, tmp_path):
@@ -160,6 +176,68 @@ def test_overwrite_false_refuses_an_existing_output(store_root):
         job.write_bytes("a.txt", b"a")
     with pytest.raises(BadInputError, match="output already exists"):
         OutputJob(out, overwrite=False).begin()
+
+
+def _put(loc: fs.Location, names: list[str]) -> None:
+    for n in names:
+        fs.write_bytes(loc.child(n), n.encode())
+
+
+def test_only_an_absent_empty_or_committed_output_of_ours_is_replaced(store_root):
+    """A folder (prefix) that holds anything no marker of ours lists is refused in one line naming
+    it and its first foreign file, and nothing in it changes; absent, empty and committed outputs
+    are replaced; a committed output someone put a file into is refused too; an ingestion's output
+    of before ``_COMPLETE`` (its ``_report.json``) counts as ours."""
+    root = fs.location(store_root)
+    user = root.child("data")
+    _put(user, ["nano_dy.root", "other.root", "sub/notes.txt"])
+    with pytest.raises(BadInputError, match=r"data: not an output of this pipeline \(it holds nano_dy.root") as e:
+        OutputJob(user).begin()
+    assert len(str(e.value).splitlines()) == 1
+    assert _names(str(user)) == ["nano_dy.root", "other.root", "sub/notes.txt"]
+    assert _names(store_root) == ["data/nano_dy.root", "data/other.root", "data/sub/notes.txt"]  # no prefix left
+    if root.is_local:
+        os.makedirs(root.child("empty").path)
+        open(root.child("file").path, "w").close()
+        with pytest.raises(BadInputError, match="is a file"):
+            OutputJob(root.child("file")).begin()
+    for name in (["empty"] if root.is_local else []) + ["absent"]:
+        with output_job(root.child(name)) as job:
+            job.write_bytes("x.txt", b"x")
+        assert _names(str(root.child(name))) == ["_COMPLETE", "x.txt"]
+    ours = root.child("ours")
+    with output_job(ours) as job:
+        job.write_bytes("x.txt", b"1")
+    with output_job(ours) as job:
+        job.write_bytes("y.txt", b"2")
+    assert _names(str(ours)) == ["_COMPLETE", "y.txt"]
+    fs.write_bytes(ours.child("mine.txt"), b"user's")
+    with pytest.raises(BadInputError, match="it holds mine.txt"):
+        OutputJob(ours).begin()
+    legacy = root.child("legacy")
+    _put(legacy, ["_report.json", "_schema.json", "part-00000.parquet"])
+    with output_job(legacy) as job:
+        job.write_bytes("x.txt", b"x")
+    assert _names(str(legacy)) == ["_COMPLETE", "x.txt"]
+
+
+def test_readers_take_the_marker_list_locally_too(tmp_path):
+    """A file put into a committed local output after its commit is read by no reader (the shard
+    reader, the dataset listing), and a local folder without a marker is read by listing it."""
+    from pipeline.data.parquet import parquet_files
+
+    out = tmp_path / "out"
+    with output_job(out) as job:
+        a = job.target.attempt(stage=0, partition=0, attempt=0, task_attempt_id=0)
+        a.write_table("w0/part-00000.parquet", _table(0, 10))
+        job.add([a.record()])
+    pq.write_table(_table(100, 110), out / "w0" / "part-00001.parquet")     # a stray, complete and valid
+    assert parquet_files(str(out / "w0")) == [str(out / "w0" / "part-00000.parquet")]
+    assert _read_ids(str(out)) == list(range(10))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(_table(0, 3), plain / "a.parquet")
+    assert parquet_files(str(plain)) == [str(plain / "a.parquet")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,3 +308,66 @@ def test_killed_and_failed_attempts_leave_exact_outputs_local_and_s3(s3, tmp_pat
     assert sorted(os.listdir(tmp_path)) == sorted([f"local-{i}" for i in range(len(FAULTS))] + ["clean"])
     with environment(**s3.env("writer")):
         assert sorted({n.split("/")[0] for n in _names(bucket)}) == ["s3-0", "s3-1"]
+
+
+# --------------------------------------------------------------------------------------------
+# commits stopped at every step (tests/commit_drills.py)
+# --------------------------------------------------------------------------------------------
+
+def _parquet_bytes(lo: int, hi: int) -> bytes:
+    buf = pa.BufferOutputStream()
+    pq.write_table(_table(lo, hi), buf)
+    return buf.getvalue().to_pybytes()
+
+
+def _drill_generation(tag: int) -> dict:
+    """A feature-stage-like output: two datasets, a file only this generation has, two JSON files."""
+    base = 1000 * tag
+    return {"hlf/part-00000.parquet": _parquet_bytes(base, base + 10),
+            "hlf/part-00001.parquet": _parquet_bytes(base + 10, base + 20),
+            "llf/part-00000.parquet": _parquet_bytes(base + 20, base + 25),
+            f"only-{tag}.parquet": _parquet_bytes(base + 25, base + 30),
+            "_report.json": json.dumps({"tag": tag}).encode(),
+            "scaling.json": json.dumps({"tag": tag}).encode()}
+
+
+def _drill_check(out: str) -> str:
+    """The generation the readers find: the dataset lister, the shard reader and the JSON reader
+    must all see one and the same generation, whole."""
+    from pipeline.data.parquet import parquet_files
+    from pipeline.outputs import read_json
+
+    ids = sorted(_read_ids(out))
+    tag = ids[0] // 1000
+    assert ids == list(range(1000 * tag, 1000 * tag + 30)), ids
+    hlf = []
+    for f in parquet_files(f"{out}/hlf"):
+        loc = fs.location(f)
+        with loc.filesystem().open_input_file(loc.path) as fh:
+            hlf.extend(pq.read_table(fh).column("id").to_pylist())
+    assert hlf == list(range(1000 * tag, 1000 * tag + 20)), hlf
+    assert read_json(f"{out}/_report.json") == {"tag": tag} == read_json(f"{out}/scaling.json")
+    return str(tag)
+
+
+# s3 is slow (about 40 s): each of its about 20 stops is a process of its own (a stop is the
+# driver's os._exit), and each process starts an S3 client and probes the bucket
+@pytest.mark.parametrize("case", ["local", "local-two-renames", pytest.param("s3", marks=pytest.mark.slow)])
+def test_a_commit_stopped_at_any_step_leaves_the_old_or_the_new_output(case, s3, tmp_path):
+    """The driver is stopped (``os._exit``) right after each step of a commit in turn (every
+    rename, move, copy, marker write and delete): the readers then find the old or the new output,
+    whole, never neither and never a mix, and a rerun succeeds. Locally with the atomic exchange
+    and with the two renames of filesystems without it; on the S3 server."""
+    from commit_drills import drill_every_step
+
+    env = s3.env("writer") if case == "s3" else {}
+    out = f"s3://{s3.bucket}/drill-{tmp_path.name}/features" if case == "s3" else str(tmp_path / "features")
+    with environment(**env):
+        seen = drill_every_step(out, (_drill_generation(0), _drill_generation(1)), _drill_check, env,
+                                no_exchange=case == "local-two-renames")
+        assert len(seen) >= 8 and {"0", "1"} <= set(seen), seen      # stops before and after the commit point
+        names = _names(out)
+        assert not any(n.startswith((ATTEMPTS, ".")) for n in names), names
+        parent = fs.location(out).sibling("x")
+        left = [p.name for p, _ in fs.list_entries(fs.Location(parent.scheme, os.path.dirname(parent.path)))]
+        assert left == ["features"], left                             # no staging or set-aside output left

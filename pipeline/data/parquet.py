@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import BadInputError
-from ..fs import is_dir, list_files, location
+from ..committed import committed_files
+from ..fs import is_dir, location
 from ..schemas import pad_length
 from ..shards.tensors import decode, rows_array, tensor_spec
 
@@ -33,14 +34,12 @@ class RowGroup:
 
 def parquet_files(path: str) -> list[str]:
     """The shard's Parquet files, sorted (names starting with ``.`` or ``_`` skipped): local paths,
-    or ``s3://`` URIs for a shard on an object store. ``path`` may also name one file."""
+    or ``s3://`` URIs for a shard on an object store. A shard inside a committed output is the
+    files its ``_COMPLETE`` marker lists (:func:`pipeline.committed.committed_files`: nothing put
+    beside them is read). ``path`` may also name one file."""
     loc = location(path)
-    if loc.is_local:
-        p = Path(loc.path)
-        files = ([str(x) for x in sorted(p.rglob("*.parquet")) if not x.name.startswith((".", "_"))]
-                 if p.is_dir() else [str(p)])
-    elif is_dir(loc):
-        files = [str(f) for f in list_files(loc, ".parquet") if not f.name.startswith((".", "_"))]
+    if (Path(loc.path).is_dir() if loc.is_local else is_dir(loc)):
+        files = [str(f) for f in committed_files(loc, ".parquet", "shard")]
     else:
         files = [str(loc)]
     if not files:

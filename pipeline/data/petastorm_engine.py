@@ -69,7 +69,8 @@ class PetastormShard:
         self.path, self.columns = path, list(columns)
         self.shuffle_buffer = int(shuffle_buffer)
         self.pool, self.workers, self.queue_size = pool, int(workers), int(queue_size)
-        first = parquet_files(path)[0]
+        files = parquet_files(path)
+        first = files[0]
         schema = read_parquet_schema(first)
         self.specs = {c: tensor_spec(schema.field(c)) for c in self.columns}
         self.types = {c: schema.field(c).type for c in self.columns}
@@ -78,7 +79,9 @@ class PetastormShard:
                 raise BadInputError(f"{first}: column {c!r} is a list of up to {pad_length(schema.field(c))} values "
                                     "(pad_to): the petastorm engine reads it only as a tensor column (the shard "
                                     "stage's default tensor_columns); use loader.engine=native for list columns")
-        self.url, self.filesystem = petastorm_filesystem(location(path))
+        # the committed files by name, never the directory: nothing put beside them is read
+        self.url = [petastorm_filesystem(location(f))[0] for f in files]
+        self.filesystem = petastorm_filesystem(location(path))[1]
 
     def open_reader(self, seed: int, shuffle: bool):
         """Petastorm's reader over the shard's columns for one epoch (a context manager)."""

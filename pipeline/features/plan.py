@@ -9,10 +9,12 @@ import math
 import os
 from typing import Optional
 
+from ..committed import require_complete, resolve
 from ..errors import BadInputError
 from ..fs import is_file, location
 from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files, sample_path
 from ..outputs import read_json
+from ..paths_overlap import check_apart
 from ..packing import balanced_tasks
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
@@ -60,14 +62,14 @@ def is_ingested(p: str) -> bool:
     if "*" in p or "?" in p or "[" in p:
         return False
     try:
-        return is_file(location(os.path.expanduser(p)).child("_report.json"))
+        return is_file(resolve(location(os.path.expanduser(p)).child("_report.json")))
     except BadInputError:        # an S3 location without credentials: not readable as a dataset
         return False
 
 
 def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: list[str]) -> None:
     """The parts of one ingested dataset as work units (their entry ranges from its report)."""
-    loc = location(os.path.expanduser(d))
+    loc = require_complete(location(os.path.expanduser(d)), "ingested dataset")   # s3://: its _COMPLETE
     d = str(loc)
     rep = read_json(str(loc.child("_report.json")))
     have = set(rep.get("branches", []))
@@ -82,7 +84,7 @@ def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: li
         info = FileInfo(len(files), f["file"], entries=int(f["entries"]))
         files.append(info)
         for part in f["parts"]:
-            units.append(Chunk(len(units), info.file_index, str(loc.child(part["part"])), "",
+            units.append(Chunk(len(units), info.file_index, str(resolve(loc.child(part["part"]))), "",
                                int(part["entry_start"]), int(part["entry_stop"])))
             info.chunks += 1
 
@@ -99,10 +101,13 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
            else [cfg.input] if isinstance(cfg.input, str) else list(cfg.input))
     ingested = [p for p in raw if is_ingested(p)]
     roots = [p for p in raw if p not in ingested]
+    root_files = resolve_files(roots) if roots else []
+    # before any work: the output neither inside nor holding an ingested dataset or a ROOT file
+    check_apart(location(cfg.output, output=True), [os.path.expanduser(d) for d in ingested] + root_files)
     for d in ingested:
         _ingested_units(d, files, units, notes)
     if roots:
-        for path in resolve_files(roots):
+        for path in root_files:
             info = FileInfo(len(files), path)
             files.append(info)
             units.append(Chunk(len(units), info.file_index, path, cfg.tree, WHOLE_FILE, WHOLE_FILE))
@@ -110,7 +115,8 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
     for f in files:
         lab = label_of(f.path, cfg.samples)
         if lab is None and not f.error:
-            f.error = "no sample label: the path matches none of samples[].files"
+            f.error = ("not found" if "://" not in f.path and not os.path.exists(f.path)
+                       else "no sample label: the path matches none of samples[].files")
             log.warning("bad input file %s: %s", f.path, f.error)
         labels[f.file_index] = -1 if lab is None else lab
     bad = {f.file_index for f in files if f.error}
