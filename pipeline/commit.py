@@ -15,15 +15,18 @@ one step. The pattern of Spark's output committers:
   and the files it wrote, by their names in the output) with its result rows. Spark returns the
   results of one successful attempt per task; :meth:`OutputJob.add` takes those, refuses a second
   attempt of the same task or two tasks writing the same name.
+* **What may be replaced.** :meth:`OutputJob.begin` refuses, in one line naming the first foreign
+  file, an output location that is not absent, empty or a committed output of ours
+  (:func:`pipeline.marker.refuse_foreign`), before any work.
 * **The commit** keeps exactly the added files (and the small files the driver wrote into the
-  prefix itself, :meth:`OutputJob.write_bytes` ...) and deletes the rest: losing, failed and
-  killed attempts and the job's work files. Local paths: the kept files are renamed to their names
-  inside the prefix, which is then renamed into place (the old output moved aside first).
-  Object stores: the previous output's marker, then its objects, are deleted, the kept files are
-  moved into place (server-side copies) and ``_COMPLETE`` is written last, listing them; readers
-  trust that list (:func:`pipeline.committed.committed_files`), so an object a zombie attempt
-  leaves behind is never read. Any failure before the commit deletes the prefix and leaves the
-  previous output as it was.
+  prefix itself, :meth:`OutputJob.write_bytes` ...), lists them in ``_COMPLETE``
+  (:mod:`pipeline.marker`) and never leaves a state in which neither the old nor the new output is
+  complete: locally the prefix and the previous output are exchanged in one step
+  (:meth:`OutputJob._commit_local`), on an object store no object is overwritten while a marker
+  names it (:meth:`OutputJob._commit_object_store`). Readers trust the marker's list
+  (:func:`pipeline.committed.committed_files`), so an object a zombie attempt leaves behind is never
+  read. Any failure before the commit deletes the prefix and leaves the previous output as it was;
+  what a stopped commit leaves beside the output is deleted by the next job on it.
 
 Driver::
 
@@ -40,13 +43,9 @@ Task::
             attempt.write_table(f"part-{attempt.partition:05d}-{i:03d}.parquet", pa.Table.from_batches([batch]))
             yield pa.RecordBatch.from_pylist([{"rows": batch.num_rows, **attempt.record()}], attempt_schema(...))
 
-Fault drills: with ``PIPELINE_TEST_FAULT=<when>:<how>[:<partition>]`` in the executors'
-environment, or the same value in the job's local property ``pipeline.test.fault``
-(``SparkContext.setLocalProperty``), the first attempt (attempt number 0) of every task (or of that
-partition only) fails while writing its first file: ``when`` is ``mid`` (half of the file is
-written and closed, then the fault) or ``after`` (the whole file, then the fault); ``how`` is
-``exit`` (the Python worker dies: ``os._exit``) or ``raise`` (:class:`InjectedFault`). The tests
-use it in a session that retries tasks (``spark.task.maxFailures`` > 1).
+The task side (a job's target, a task attempt's writer, the fault drills of task attempts) is
+:mod:`pipeline.attempts`; this module re-exports it. Commit drills:
+:data:`COMMIT_KILL_ENV` stops the driver after the n-th step of its commits.
 """
 from __future__ import annotations
 
@@ -60,19 +59,20 @@ import shutil
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator
 
+from .attempts import (ATTEMPT_DDL, FAULT_ENV, FAULT_PROPERTY, InjectedFault, JobTarget, PartWriter,
+                       TaskAttempt, _relative, attempt_fields, attempt_schema)
 from .errors import BadInputError, PipelineError
 from .fs import (Location, check_writable, delete_file, delete_tree, error_reason, exists, list_files, location,
                  remove_dir_if_empty, sync_dir, write_bytes)
 from .marker import (ATTEMPTS, COMPLETE_MARKER, Marker, foreign_file, job_siblings, old_name, parent,
                      previous_generation, read_marker, refuse_foreign, staging_name)
 
-#: the two fields every task result row carries for the commit (Spark DDL)
-ATTEMPT_DDL = "attempt_dir string, files array<string>"
-FAULT_ENV = "PIPELINE_TEST_FAULT"
-FAULT_PROPERTY = "pipeline.test.fault"
+__all__ = ["ATTEMPTS", "ATTEMPT_DDL", "COMMIT_KILL_ENV", "COMPLETE_MARKER", "FAULT_ENV", "FAULT_PROPERTY",
+           "InjectedFault", "JobTarget", "OutputJob", "PartWriter", "TaskAttempt", "attempt_fields", "attempt_schema",
+           "json_bytes", "output_job", "recover_local"]
+
 #: commit drills: ``<n>`` stops this process (``os._exit(KILLED_EXIT)``) right after the n-th step of
 #: its commits (each rename, move, copy, marker write or delete), so a test can stop a commit anywhere
 COMMIT_KILL_ENV = "PIPELINE_TEST_COMMIT_KILL"
@@ -103,205 +103,6 @@ def _step(what: str) -> None:
 def json_bytes(obj: Any) -> bytes:
     """How the pipeline writes a JSON file: indented, one trailing newline."""
     return (json.dumps(obj, indent=2, default=str) + "\n").encode()
-
-
-class InjectedFault(RuntimeError):
-    """The failure of a fault drill (:data:`FAULT_ENV`)."""
-
-
-def attempt_fields() -> list:
-    """The pyarrow fields of :data:`ATTEMPT_DDL`, to append to a task's result schema."""
-    import pyarrow as pa
-
-    return [pa.field("attempt_dir", pa.string()), pa.field("files", pa.list_(pa.string()))]
-
-
-def attempt_schema(*fields) -> Any:
-    """A pyarrow schema of the task's own result ``fields`` ((name, type) pairs or fields)
-    followed by :func:`attempt_fields`."""
-    import pyarrow as pa
-
-    return pa.schema([*fields, *attempt_fields()])
-
-
-# --------------------------------------------------------------------------------------------
-# the task side
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class JobTarget:
-    """What a task needs to write into a job (picklable): the job-scoped prefix."""
-
-    staging: str
-
-    @property
-    def location(self) -> Location:
-        return location(self.staging, output=True)
-
-    def attempt(self, *, stage: Optional[int] = None, partition: Optional[int] = None,
-                attempt: Optional[int] = None, task_attempt_id: Optional[int] = None) -> "TaskAttempt":
-        """This task attempt, from Spark's ``TaskContext`` (the keywords override it). Outside a
-        Spark task (a task body run by hand): stage -1, partition 0, attempt 0, task attempt id 0
-        unless given."""
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        fault = os.environ.get(FAULT_ENV, "")
-        if ctx is not None:
-            fault = ctx.getLocalProperty(FAULT_PROPERTY) or fault
-            stage = ctx.stageId() if stage is None else stage
-            partition = ctx.partitionId() if partition is None else partition
-            attempt = ctx.attemptNumber() if attempt is None else attempt
-            task_attempt_id = ctx.taskAttemptId() if task_attempt_id is None else task_attempt_id
-        stage, partition = (-1 if stage is None else stage), (0 if partition is None else partition)
-        attempt, task_attempt_id = (0 if attempt is None else attempt), (0 if task_attempt_id is None else task_attempt_id)
-        return TaskAttempt(self.staging, int(stage), int(partition), int(attempt), int(task_attempt_id), fault)
-
-    def file(self, attempt_dir: str, rel: str) -> Location:
-        """Where the file ``rel`` of the attempt ``attempt_dir`` lies (a later task reading the
-        work file an earlier task wrote)."""
-        return self.location.child(attempt_dir, rel)
-
-
-@dataclass
-class TaskAttempt:
-    """One task attempt's writer: every file goes to ``<prefix>/<attempt_dir>/<rel>``; ``rel`` is
-    the file's name in the committed output (``part-00003.parquet``, ``hlf/part-00003.parquet``)."""
-
-    staging: str
-    stage: int
-    partition: int
-    attempt: int
-    task_attempt_id: int
-    fault: str = ""
-    _pending: list = field(default_factory=list)
-    _written: int = 0
-
-    @property
-    def dir(self) -> str:
-        return f"{ATTEMPTS}/s{self.stage}-p{self.partition}-a{self.attempt}-t{self.task_attempt_id}"
-
-    def location(self, rel: str) -> Location:
-        return location(self.staging, output=True).child(self.dir, _relative(rel))
-
-    @contextlib.contextmanager
-    def open(self, rel: str) -> Iterator[Any]:
-        """A pyarrow output stream for the file ``rel``; the file counts as written when the block
-        ends without an error (a failed write removes what it left)."""
-        loc = self.location(rel)
-        fsys = loc.filesystem()
-        if loc.is_local:
-            os.makedirs(posixpath.dirname(loc.path), exist_ok=True)
-        fault = self._fault()
-        if fault and fault[0] == "mid":
-            import pyarrow as pa
-
-            buf = pa.BufferOutputStream()
-            yield buf
-            data = buf.getvalue().to_pybytes()
-            with fsys.open_output_stream(loc.path) as out:
-                out.write(data[: max(1, len(data) // 2)])
-            self._fire(fault[1], rel)
-        try:
-            with fsys.open_output_stream(loc.path) as out:
-                yield out
-        except BaseException:
-            with contextlib.suppress(OSError):
-                fsys.delete_file(loc.path)
-            raise
-        self._pending.append(_relative(rel))
-        self._written += 1
-        if fault and fault[0] == "after":
-            self._fire(fault[1], rel)
-
-    def write_bytes(self, rel: str, data: bytes) -> int:
-        with self.open(rel) as out:
-            out.write(data)
-        return len(data)
-
-    def write_table(self, rel: str, table, **parquet_options) -> int:
-        """``table`` as the Parquet file ``rel`` (``pyarrow.parquet.write_table`` options); its bytes."""
-        import pyarrow.parquet as pq
-
-        with self.open(rel) as out:
-            pq.write_table(table, out, **parquet_options)
-            size = out.tell()
-        return size
-
-    def parquet_writer(self, rel: str, schema, **parquet_options) -> "PartWriter":
-        """The Parquet file ``rel`` written row group by row group (:class:`PartWriter`)."""
-        return PartWriter(self, rel, schema, parquet_options)
-
-    def put_file(self, rel: str, local: str | os.PathLike) -> int:
-        """Copy a file of the task's local scratch space (e.g. one a library can only write to a
-        seekable local file) to ``rel``; its bytes."""
-        size = 0
-        with open(local, "rb") as src, self.open(rel) as out:
-            for piece in iter(lambda: src.read(1 << 22), b""):
-                out.write(piece)
-                size += len(piece)
-        return size
-
-    def discard(self, rel: str) -> None:
-        """Remove a file this attempt wrote (e.g. the part of an input found bad later)."""
-        rel = _relative(rel)
-        loc = self.location(rel)
-        with contextlib.suppress(OSError):
-            loc.filesystem().delete_file(loc.path)
-        if rel in self._pending:
-            self._pending.remove(rel)
-
-    def record(self) -> dict:
-        """``{"attempt_dir", "files"}`` for a result row: the files written since the last record."""
-        files, self._pending = self._pending, []
-        return {"attempt_dir": self.dir, "files": files}
-
-    def _fault(self) -> Optional[tuple[str, str]]:
-        spec = self.fault
-        if not spec or self.attempt != 0 or self._written:
-            return None
-        parts = spec.split(":")
-        if len(parts) not in (2, 3) or parts[0] not in ("mid", "after") or parts[1] not in ("exit", "raise"):
-            raise ValueError(f"{FAULT_ENV} / {FAULT_PROPERTY} {spec!r}: expected mid|after:exit|raise[:partition]")
-        if len(parts) == 3 and int(parts[2]) != self.partition:
-            return None
-        return parts[0], parts[1]
-
-    def _fire(self, how: str, rel: str) -> None:
-        if how == "exit":
-            os._exit(17)
-        raise InjectedFault(f"injected fault while writing {rel} (partition {self.partition}, attempt 0)")
-
-
-class PartWriter:
-    """A Parquet file a task attempt writes over several calls: ``writer`` is a
-    ``pyarrow.parquet.ParquetWriter`` on the stream of :meth:`TaskAttempt.open`; :meth:`close`
-    completes the file, :meth:`abort` removes what it left."""
-
-    def __init__(self, attempt: TaskAttempt, rel: str, schema, parquet_options: dict) -> None:
-        import pyarrow.parquet as pq
-
-        self.rel = rel
-        self._stream = attempt.open(rel)
-        self.writer = pq.ParquetWriter(self._stream.__enter__(), schema, **parquet_options)
-
-    def close(self) -> None:
-        self.writer.close()
-        self._stream.__exit__(None, None, None)
-
-    def abort(self, exc: BaseException) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-        with contextlib.suppress(BaseException):
-            self._stream.__exit__(type(exc), exc, exc.__traceback__)
-
-
-def _relative(rel: str) -> str:
-    """A file name relative to the output: no absolute path, no ``..``, no attempt directory."""
-    norm = posixpath.normpath(str(rel).replace(os.sep, "/"))
-    if norm.startswith(("/", "../")) or norm in (".", "..") or norm.split("/")[0] in (ATTEMPTS, COMPLETE_MARKER):
-        raise ValueError(f"not a file name inside an output: {rel!r}")
-    return norm
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,6 +274,10 @@ class OutputJob:
         except OSError as e:
             raise BadInputError(f"{self.final.child(rel)}: cannot write: {error_reason(e)}") from None
         self._keep(rel, "")
+
+    def adopt(self, rel: str) -> None:
+        """Keep a file the driver wrote into the job's prefix itself (by its name in the output)."""
+        self._keep(_relative(rel), "")
 
     def kept(self) -> dict[str, Location]:
         """The files kept so far, by output name -> where they lie in the job's prefix now."""

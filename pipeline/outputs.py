@@ -58,9 +58,12 @@ def atomic_output_dir(final: str | os.PathLike, overwrite: bool = True) -> Itera
     staging = Path(job.staging.path) if job.final.is_local else Path(tempfile.mkdtemp(prefix=f"pipeline-{job.final.name}-"))
     try:
         yield staging
-        if not job.final.is_local:
-            for f in sorted(p for p in staging.rglob("*") if p.is_file()):
-                job.upload(f.relative_to(staging).as_posix(), f)
+        for f in sorted(p for p in staging.rglob("*") if p.is_file()):
+            rel = f.relative_to(staging).as_posix()
+            if job.final.is_local:
+                job.adopt(rel)                 # written in the prefix itself: listed by the marker
+            else:
+                job.upload(rel, f)
         job.commit()
     except BaseException:
         job.abort()
