@@ -193,6 +193,9 @@ class TrainConfig(StageConfig):
         from .algorithms.async_common import check_launcher  # asynchronous algorithms need torch.distributed p2p
 
         check_launcher(self.algorithm.name, self.algorithm.params, self.launcher)
+        from .algorithms.eawild import check_moving_rate  # EA-wild: alpha = lr x rho in (0, 1)
+
+        check_moving_rate(self)
         if self.fresh_start and self.resume is not False:
             raise ConfigError(f"invalid config value fresh_start=True with resume={self.resume!r}: fresh_start "
                               "deletes the checkpoints that resume would continue from; use one of them")

@@ -11,7 +11,8 @@ up to ``cfg.max_restarts`` times. Each restart becomes a record
 the failure and the checkpoint it could resume from (:class:`TrainingFailed`, exit code 1). What
 a relaunch would meet again ends the run at once: a bad input or config, a full or read-only
 disk, a module that is not installed (one line naming what to install or which launcher to
-choose), an error in the code (ImportError, TypeError, NameError, SyntaxError).
+choose), an error in the code (ImportError, TypeError, NameError, SyntaxError), a ValueError (a bad
+setting or value that the driver did not check: a relaunch gets the same config).
 
 :func:`start_checkpoint` decides where the first launch starts, and what a fresh start may delete
 (only checkpoint files, never those of a run that did not finish unless told to).
@@ -193,6 +194,8 @@ _PERMANENT = ("BadInputError:", "ConfigError:", "No space left on device", "Read
 _CODE_ERRORS = (ImportError, TypeError, NameError, SyntaxError)
 _CODE_ERROR_TEXT = re.compile(r"\b(?:ModuleNotFoundError|ImportError|TypeError|NameError|SyntaxError): ")
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+#: a bad value (a setting the driver did not check, a value out of range): a relaunch gets the same config
+_BAD_VALUE_TEXT = re.compile(r"\bValueError: ")
 
 
 def code_error(exc: BaseException) -> bool:
@@ -201,6 +204,14 @@ def code_error(exc: BaseException) -> bool:
     if isinstance(exc, WorkerLost):
         return False
     return isinstance(exc, _CODE_ERRORS) or bool(_CODE_ERROR_TEXT.search(str(exc)))
+
+
+def bad_value(exc: BaseException) -> bool:
+    """A ValueError (a bad setting or value), raised here or reported by a launcher as text; a lost
+    worker never is one, whatever its peers said."""
+    if isinstance(exc, WorkerLost):
+        return False
+    return isinstance(exc, ValueError) or bool(_BAD_VALUE_TEXT.search(str(exc)))
 
 
 def missing_module(exc: BaseException) -> Optional[str]:
@@ -215,13 +226,13 @@ def missing_module(exc: BaseException) -> Optional[str]:
 
 def is_restartable(exc: BaseException) -> bool:
     """A transient failure: everything but what fails the same way again (bad input or config, a
-    full or read-only disk, an error in the code or the installation) and an interrupt."""
+    ValueError, a full or read-only disk, an error in the code or the installation) and an interrupt."""
     if isinstance(exc, PipelineError):
         return False
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
         return False
     text = str(exc)
-    return not any(n in text for n in _PERMANENT) and not code_error(exc)
+    return not any(n in text for n in _PERMANENT) and not code_error(exc) and not bad_value(exc)
 
 
 def install_hint(launcher: str, module: str, exc: BaseException) -> str:
@@ -289,8 +300,8 @@ def supervise(launch: Callable[[Any, Optional[str]], list[dict]], cfg, ck, expec
 
 def _fail_at_once(exc: Exception, cfg, ck, expected_fp: dict) -> None:
     """Raise what ends the run without a restart: a missing module as one line naming what to
-    install or which launcher to choose (exit 2), an error in the code as TrainingFailed (exit 1),
-    anything else (bad input, config, disk) as it is."""
+    install or which launcher to choose (exit 2), an error in the code or a ValueError as
+    TrainingFailed (exit 1), anything else (bad input, config, disk) as it is."""
     module = missing_module(exc)
     if module:
         raise ConfigError(install_hint(cfg.launcher, module, exc)) from exc
@@ -298,6 +309,10 @@ def _fail_at_once(exc: Exception, cfg, ck, expected_fp: dict) -> None:
         resume = _can_resume(_resume_point(ck, expected_fp))
         raise TrainingFailed(f"training failed: {one_line(exc)}; an error in the code or the installation is not "
                              f"restarted (a relaunch would meet it again); {resume}") from exc
+    if bad_value(exc):
+        resume = _can_resume(_resume_point(ck, expected_fp))
+        raise TrainingFailed(f"training failed: {one_line(exc)}; a bad setting or value (ValueError) is not "
+                             f"restarted (a relaunch gets the same config); {resume}") from exc
     raise exc
 
 

@@ -52,9 +52,10 @@ from typing import Optional
 import torch
 from pydantic import Field, model_validator
 
+from ...errors import ConfigError
 from ..comm.fusion import flatten, unflatten_
 from . import BuildContext, Spec
-from .async_common import AsyncParams, future_done
+from .async_common import AsyncParams, base_algorithm, future_done
 from .centre import CentreAlgorithm
 
 
@@ -71,6 +72,33 @@ def drag_factor(alpha: float, workers: int, group_size: int = 1, locked: bool = 
     return 1.0 + group_size / workers + alpha * stale * group_size / workers
 
 
+def _rate_error(rho: float, rate: float, formula: str, values: str) -> ConfigError:
+    """One line: alpha = <formula> x rho = <rate> x rho = alpha, with the values it came from."""
+    return ConfigError(f"invalid config value algorithm.params.rho={rho:g}: EA-wild's moving rate alpha = {formula} "
+                       f"x rho = {rate:g} x {rho:g} = {rate * rho:g} ({values}) must lie in (0, 1) (Wongpanich et al. "
+                       "2020: alpha = eta rho); lower rho or the rate, or give a fixed alpha")
+
+
+def check_moving_rate(cfg) -> None:
+    """EA-wild with ``rho``: alpha = lr x rho must lie in (0, 1) at every rate the config names (a
+    TrainConfig: ``lr``, the gradient-descent warmup's ``warmup_lr``, and ``lr x workers`` under
+    linear scaling when ``workers`` is given). One line naming the values; the rate a run reaches
+    from the manifest's workers is checked where alpha is taken (:attr:`EAWild.alpha`)."""
+    base, params = base_algorithm(cfg.algorithm.name, cfg.algorithm.params)
+    if base != "eawild" or params.get("rho") is None:
+        return
+    rho = float(params["rho"])
+    rates = [(cfg.lr, "lr", f"lr={cfg.lr:g}")]
+    if cfg.warmup_optimizer == "sgd" and cfg.warmup_lr is not None:
+        rates.append((cfg.warmup_lr, "warmup_lr", f"warmup_lr={cfg.warmup_lr:g}, the warmup's peak rate"))
+    if cfg.lr_scaling == "linear" and cfg.workers:
+        rates.append((cfg.lr * cfg.workers, "lr x workers",
+                      f"lr={cfg.lr:g}, workers={cfg.workers}, lr_scaling=linear: the rate after the warmup"))
+    for rate, formula, values in rates:
+        if not 0.0 < rate * rho < 1.0:
+            raise _rate_error(rho, rate, formula, values)
+
+
 def elastic_rule(c: torch.Tensor, payload: torch.Tensor) -> None:
     """payload = [x_j, alpha]:  c <- c + alpha * (x_j - c)."""
     c.add_(payload[:-1] - c, alpha=float(payload[-1]))
@@ -81,7 +109,8 @@ class EAWildParams(AsyncParams):
 
     tau: int = Field(1, ge=1, description="local steps between two pushes")
     alpha: Optional[float] = Field(None, gt=0, lt=1, description="moving rate (default 0.1 when rho is not given)")
-    rho: Optional[float] = Field(None, gt=0, description="elastic coefficient: alpha = lr * rho")
+    rho: Optional[float] = Field(None, gt=0, description="elastic coefficient: alpha = lr * rho, in (0, 1) at "
+                                                         "every rate of the run")
     lock: bool = Field(False, description="locked asynchronous EASGD (pull-update-push atomic) instead of EA-wild")
     group_size: int = Field(1, ge=1, description="workers per synchronous group (one leader pushes); divides the "
                                                  "number of workers; 1 = no grouping")
@@ -111,7 +140,10 @@ class EAWild(CentreAlgorithm):
     @property
     def alpha(self) -> float:
         if self.rho is not None:
-            return float(self.optimizer.param_groups[0]["lr"]) * self.rho
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            if not 0.0 < lr * self.rho < 1.0:   # a scheduled rate (warmup to lr x M, ...) took it out of (0, 1)
+                raise _rate_error(self.rho, lr, "lr", f"lr={lr:g}, the learning rate of this step")
+            return lr * self.rho
         return float(self._alpha)
 
     def local_step(self) -> None:
