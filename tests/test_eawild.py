@@ -46,61 +46,112 @@ def _eawild_exact(rank, world, group_size, lock, tau, steps, lr, alpha):
     return out
 
 
-def _published(world, group_size, lock, tau, steps, lr, alpha, order):
-    """Algorithm 1 of Wongpanich et al. 2020 (and, with the lock, Zhang et al. 2015's sequential
-    EASGD), written from the paper's equations, one push at a time in the holder's ``order``:
-
-        worker j (its group's model w = mean of the members): pulls w~;  the master gets w
-        w  <-  w - eta * grad - eta * rho * (w - w~)                       eq. (2)
-        w~ <-  w~ + eta * rho * (w - w~)          (w, w~ before the update)  eq. (3)
-
-    with eta * rho = alpha. Lock-free, the w~ a worker moves towards is the one it pulled: the
-    master's reply to its previous push (Algorithm 1: the master sends w~ to the worker); with
-    the lock it is the current w~. Between pushes, a worker takes ``tau - 1`` plain SGD steps."""
-    x = np.stack([_vector(0).numpy()] * world)
-    c = x[0].copy()
-    pulled = {lead: c.copy() for lead in range(0, world, group_size)}
+# Algorithm 1 as printed in the source (../shared/sources/wongpanich-you-demmel-2020-async-solvers.txt,
+# Section 3.1), line for line:
+#
+#   Algorithm 1 EA-wild
+#   Input: Samples and labels: $\{X_i, y_i\}$ $i \in 1, ..., n$, batch size: B, number of workers: P.
+#   Output: Model weight *w*
+#   Initialize $\tilde{\mathbf{w}}_1 = \mathbf{w}_1^1, \dots, \mathbf{w}_1^P$ on Master and Workers
+#   for t = 1, 2, ... **do**
+#   Execute by Worker *j*:
+#   Picks B samples with equal probability
+#   Master sends $\tilde{\boldsymbol{w}}$ to Worker
+#   Master gets w^j from Worker
+#   Workers compute gradient Δw^j on selected samples
+#   Workers update $\mathbf{w}^{\tilde{j}} = \mathbf{w}^{j} - \eta \rho (\mathbf{w}^{j} - \tilde{\mathbf{w}}) - \eta \Delta \mathbf{w}^{j}$
+#   Execute by master:
+#   Master gets w^j from j-th worker
+#   Master updates $\tilde{\mathbf{w}} = \tilde{\mathbf{w}} + \eta \rho (\mathbf{w}^j - \tilde{\mathbf{w}})$ without lock
+#   end for
+#
+# (the update's left side is printed w^{\tilde j}; it is worker j's new w^j). What the printed
+# algorithm leaves open, and the reference below therefore takes as given:
+#  * the interleaving: Algorithm 1 is asynchronous, so WHICH master updates land between a worker's
+#    "Master sends w~" and its "Master gets w^j" is a matter of timing. The run records the order
+#    of the gets (the holder's order); the sends are placed by the schedule under test:
+#      - lock-free (ours): worker j's send of iteration t+1 comes right after the master's update
+#        for its get of iteration t (the holder's reply), so the other workers' updates land between
+#        a send and the next get. This is a legal schedule of the printed per-worker order (send_t,
+#        get_t, gradient_t, update_t, send_t+1, ...: the worker-local gradient and update take no
+#        master time), not the only one;
+#      - lock (Zhang et al. 2015's locked EASGD, not Algorithm 1): the send comes right before the
+#        get, nothing in between.
+#  * not in Algorithm 1 (our extensions, marked EXT below): a communication period tau (EASGD's;
+#    Algorithm 1 is tau = 1: tau - 1 plain steps w^j = w^j - eta Delta w^j between two iterations),
+#    and groups: Section 3.1 says only "Within each group, the workers communicate synchronously
+#    with each other. We then pick one worker from each group to push the EA-wild updating to the
+#    global parameter server."; we read a group as one worker j of Algorithm 1 whose w^j is the
+#    members' mean and whose eta Delta w^j is the mean of the members' steps.
+# With SGD as the base optimizer eta = lr, and eta rho = alpha.
+def _algorithm1(order, *, world, group_size, lock, tau, steps, eta, eta_rho, w1, gradient):
+    """Algorithm 1 replayed by hand from the printed lines above (numpy, no pipeline code): one
+    master update per entry of ``order`` (the pushing worker, a group's leader). ``w1``: the common
+    start; ``gradient(i, w)``: worker i's Delta w at w. Returns (every worker's w, the master's w~)."""
+    w = np.stack([np.array(w1, dtype=np.float64)] * world)       # Initialize w~_1 = w^1_1, ..., w^P_1
+    w_tilde = np.array(w1, dtype=np.float64)
+    sent = {j: w_tilde.copy() for j in range(0, world, group_size)}  # lock-free: the sends of t = 1
     done = [0] * world
-    tgt = [_target(r) for r in range(world)]
-
-    def grad(i, xi):
-        b, s = tgt[i]
-        return (xi - b) * s
-
-    for lead in order:
-        members = range(lead, lead + group_size)
-        for _ in range(tau - 1):
+    for j in order:
+        members = list(range(j, j + group_size))
+        for _ in range(tau - 1):                                   # EXT: tau - 1 plain local steps
             for i in members:
-                x[i] = x[i] - lr * grad(i, x[i])
+                w[i] = w[i] - eta * gradient(i, w[i])
                 done[i] += 1
-        w = x[list(members)].mean(0)                                  # the group's w (pre-move)
-        stepped = np.mean([x[i] - lr * grad(i, x[i]) for i in members], axis=0)
-        w_tilde = c if lock else pulled[lead]
-        new = stepped - alpha * (w - w_tilde)                          # eq. (2)
-        c = c + alpha * (w - c)                                        # eq. (3)
-        pulled[lead] = c.copy()
+        if lock:
+            sent[j] = w_tilde.copy()                               # Master sends w~ to Worker (just now)
+        w_j = w[members].mean(0)                                   # Master gets w^j from Worker (EXT: mean)
+        delta = np.mean([gradient(i, w[i]) for i in members], 0)   # Workers compute gradient Delta w^j
+        new_w_j = w_j - eta_rho * (w_j - sent[j]) - eta * delta    # Workers update w^j = w^j - eta rho (w^j - w~) - eta Delta w^j
+        w_tilde = w_tilde + eta_rho * (w_j - w_tilde)              # Master updates w~ = w~ + eta rho (w^j - w~)
+        if not lock:
+            sent[j] = w_tilde.copy()                               # Master sends w~ to Worker (for t + 1)
         for i in members:
-            x[i] = new
+            w[i] = new_w_j
             done[i] += 1
-    for i in range(world):
+    for i in range(world):                                         # the steps after a worker's last push
         while done[i] < steps:
-            x[i] = x[i] - lr * grad(i, x[i])
+            w[i] = w[i] - eta * gradient(i, w[i])
             done[i] += 1
-    return x, c
+    return w, w_tilde
+
+
+def test_the_reference_is_algorithm_1_worked_by_hand():
+    """The reference on numbers worked by hand from the printed lines: P = 2, eta = 0.5,
+    eta rho = 0.25, w1 = 1, Delta w^0 = w, Delta w^1 = w - 3, gets in the order 0, 1, 1, 0.
+
+    lock-free (the sends: 1 to both at t = 1, then the master's w~ right after each get):
+      get 0: w^0 = 1,   w^0 <- 1 - .25 (1 - 1) - .5 * 1           = 0.5;   w~ <- 1 + .25 (1 - 1)        = 1
+      get 1: w^1 = 1,   w^1 <- 1 - .25 (1 - 1) - .5 * (-2)        = 2;     w~ <- 1
+      get 1: w^1 = 2,   w^1 <- 2 - .25 (2 - 1) - .5 * (-1)        = 2.25;  w~ <- 1 + .25 (2 - 1)        = 1.25
+      get 0: w^0 = .5,  sent 1: w^0 <- .5 - .25 (.5 - 1) - .25    = 0.375; w~ <- 1.25 + .25 (.5 - 1.25) = 1.0625
+    locked: the same except the last get, whose send is the current w~ = 1.25:
+      w^0 <- .5 - .25 (.5 - 1.25) - .25 = 0.4375."""
+    targets = [0.0, 3.0]
+    kw = dict(world=2, group_size=1, tau=1, steps=2, eta=0.5, eta_rho=0.25, w1=[1.0],
+              gradient=lambda i, w: w - targets[i])
+    w, w_tilde = _algorithm1([0, 1, 1, 0], lock=False, **kw)
+    assert w[:, 0].tolist() == [0.375, 2.25] and w_tilde.tolist() == [1.0625]
+    w, w_tilde = _algorithm1([0, 1, 1, 0], lock=True, **kw)
+    assert w[:, 0].tolist() == [0.4375, 2.25] and w_tilde.tolist() == [1.0625]
 
 
 @pytest.mark.parametrize("world,group_size,lock,tau", [(3, 1, False, 1), (3, 1, True, 1), (3, 1, False, 2),
                                                        (3, 1, True, 2), (4, 2, False, 1), (4, 2, True, 2)])
 def test_eawild_is_the_published_update_in_the_holders_order(world, group_size, lock, tau):
-    """Every push replayed from the paper's equations in the order the holder applied them gives
-    the run's workers and centre exactly: the master receives each worker's (group's) model
-    BEFORE its elastic move; the locked variant is sequential EASGD."""
+    """Every master update replayed from Algorithm 1 as printed (above), in the order the holder
+    applied them, gives the run's workers and centre exactly: the master gets each worker's
+    (group's) w^j BEFORE the worker's update, both updates use the values before the update, and a
+    worker moves towards the w~ sent to it (lock-free: the reply to its previous get; locked: the
+    current w~, i.e. sequential EASGD)."""
     steps, lr, alpha = 24, 0.05, 0.2
     res = results(run_procs(_eawild_exact, world, group_size, lock, tau, steps, lr, alpha))
     order = res[0]["order"]
     assert sorted(set(order)) == list(range(0, world, group_size))
     assert len(order) == (world // group_size) * steps // tau
-    x, c = _published(world, group_size, lock, tau, steps, lr, alpha, order)
+    tgt = [_target(r) for r in range(world)]
+    x, c = _algorithm1(order, world=world, group_size=group_size, lock=lock, tau=tau, steps=steps, eta=lr,
+                       eta_rho=alpha, w1=_vector(0).numpy(), gradient=lambda i, w: (w - tgt[i][0]) * tgt[i][1])
     np.testing.assert_allclose(res[0]["x"], x, rtol=0, atol=1e-9)
     np.testing.assert_allclose(res[0]["c"], c, rtol=0, atol=1e-9)
     assert float(np.abs(x - x.mean(0)).max()) > 1e-3 or group_size == world  # the workers really differ
