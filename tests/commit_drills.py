@@ -6,8 +6,8 @@ complete, and a rerun must succeed.
 A generation is ``{name: bytes}``: names ending in ``.parquet`` are written by task attempts (one
 attempt per file, as Spark tasks write them), the others by the driver, as the stages do.
 
-Run as a script: ``python tests/commit_drills.py '<json>'`` with ``out``, ``files`` (name ->
-base64) and ``kill`` (0: no stop); exit 57 when stopped.
+Run as a script: ``python tests/commit_drills.py`` with a JSON object on standard input: ``out``
+and ``files`` (name -> base64); exit 57 when stopped (``PIPELINE_TEST_COMMIT_KILL``).
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def run_commit(out: str, files: dict[str, bytes], kill: int, env: dict, no_excha
     if no_exchange:
         penv["PIPELINE_TEST_NO_EXCHANGE"] = "1"
     payload = json.dumps({"out": out, "files": {k: base64.b64encode(v).decode() for k, v in files.items()}})
-    r = subprocess.run([sys.executable, __file__, payload], env=penv, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, __file__], input=payload, env=penv, capture_output=True, text=True,
+                       timeout=120)
     if r.returncode not in (0, KILLED):
         raise RuntimeError(f"commit process failed (exit {r.returncode}): {r.stderr[-3000:]}")
     return r.returncode
@@ -80,5 +81,5 @@ def drill_every_step(out: str, generations: tuple[dict, dict], check: Callable[[
 
 
 if __name__ == "__main__":
-    req = json.loads(sys.argv[1])
+    req = json.loads(sys.stdin.read())
     commit_generation(req["out"], {k: base64.b64decode(v) for k, v in req["files"].items()})
