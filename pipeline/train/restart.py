@@ -140,7 +140,9 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
     otherwise the run starts fresh and deletes the checkpoints in ``ck`` -- saying first which
     checkpoint it deletes and how to resume it -- but only when the run that wrote them finished
     (``checkpoint.finished``) or ``cfg.fresh_start`` is set: the checkpoint of a run that did not
-    finish (the one a failure message says it "can resume from") is refused with one line instead."""
+    finish (the one a failure message says it "can resume from") is refused with one line instead,
+    and so are checkpoints whose meta cannot be verified (``checkpoint.check_verifiable``: unreadable,
+    another format version); only ``fresh_start`` deletes them."""
     checkpoint.check_own(ck)
     found = checkpoint.newest_complete(ck)
     if found is not None and cfg.resume is True:
@@ -154,6 +156,8 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
         if cfg.resume:
             log.info("resume: no complete checkpoint in %s, starting fresh", ck)
         else:
+            if not cfg.fresh_start:     # never delete what this run cannot verify unless told to
+                checkpoint.check_verifiable(ck, FRESH_HINT)
             gone = checkpoint.clear(ck)
             if gone:
                 log.warning("starting fresh: deleted %d checkpoint(s) in %s that cannot be resumed from (%s)",
@@ -166,6 +170,8 @@ def start_checkpoint(cfg, ck, expected_fp: dict):
         raise ConfigError(f"checkpoint_dir {ck} holds checkpoint {path} (step {meta['step']}) of a run{other} that "
                           f"did not finish; resume={str(cfg.resume).lower()} would delete it: {how} delete it and "
                           f"start over with {FRESH_HINT}")
+    if not cfg.fresh_start:
+        checkpoint.check_verifiable(ck, FRESH_HINT)
     log.warning("starting fresh (resume=%s): deleting the checkpoints in %s of an earlier run%s; the newest, %s "
                 "(step %d), could be continued with %s", str(cfg.resume).lower(), ck, other, path, meta["step"],
                 RESUME_HINT)

@@ -27,6 +27,7 @@ from typing import Optional
 from ...commit import OutputJob, output_job
 from ...errors import BadInputError
 from ...fs import location
+from ...paths_overlap import check_apart
 from ...spark import forward_s3_settings, get_spark, spark_task, task_frame
 from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
 from .files import resolve_files
@@ -43,6 +44,7 @@ def plan_ingest_root(cfg: IngestRootConfig) -> dict:
     """--dry-run: the resolved inputs and outputs (no file is opened, Spark is not started)."""
     files = resolve_files(cfg.input)
     out = location(cfg.output, output=True)
+    check_apart(out, files)
     return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
             "file_timeout_s": cfg.file_timeout_s, "output": str(out), "report": str(out.child("_report.json")),
             "schema": str(out.child("_schema.json")), "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
@@ -56,6 +58,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     """
     t_start = time.time()
     files = resolve_files(cfg.input)
+    check_apart(location(cfg.output, output=True), files)   # before any work: no input inside the output
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
                       stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True)
