@@ -153,6 +153,9 @@ class OutputJob:
 
     def __init__(self, final: str | os.PathLike | Location, *, overwrite: bool = True) -> None:
         self.final = location(final, output=True)
+        if self.final.is_local and os.path.islink(self.final.path):
+            # a link to the output directory: the directory is what is replaced, the link stays
+            self.final = Location("file", os.path.realpath(self.final.path))
         self.job_id = uuid.uuid4().hex[:12]
         self.staging = self.final.sibling(staging_name(self.final, self.job_id))
         self.target = JobTarget(str(self.staging))

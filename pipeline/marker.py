@@ -110,7 +110,7 @@ def job_siblings(final: Location, kind: str) -> list[tuple[str, Location]]:
 
 def _relative_files(root: Location) -> list[str]:
     if root.is_local:
-        if os.path.isfile(root.path) or os.path.islink(root.path):
+        if os.path.lexists(root.path) and not os.path.isdir(root.path):
             return ["."]
         names = []
         for d, dirs, files in os.walk(root.path):

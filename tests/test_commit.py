@@ -371,3 +371,14 @@ def test_a_commit_stopped_at_any_step_leaves_the_old_or_the_new_output(case, s3,
         parent = fs.location(out).sibling("x")
         left = [p.name for p, _ in fs.list_entries(fs.Location(parent.scheme, os.path.dirname(parent.path)))]
         assert left == ["features"], left                             # no staging or set-aside output left
+
+
+def test_an_output_named_by_a_link_replaces_the_directory_and_keeps_the_link(tmp_path):
+    real = tmp_path / "real"
+    with output_job(real) as job:
+        job.write_bytes("a.txt", b"1")
+    (tmp_path / "link").symlink_to(real)
+    with output_job(tmp_path / "link") as job:
+        job.write_bytes("b.txt", b"2")
+    assert (tmp_path / "link").is_symlink() and _names(str(real)) == ["_COMPLETE", "b.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["link", "real"]
