@@ -137,7 +137,7 @@ def _manifest_variants(good: str) -> dict[str, str]:
 def test_broken_manifest_gives_one_line_naming_it(tmp_path, shards, capsys, variant):
     man = tmp_path / "manifest.json"
     man.write_text(_manifest_variants(shards.read_text())[variant])
-    out = tmp_path / "out"
+    out = tmp_path.parent / f"{tmp_path.name}-out"      # beside the shard folder, not inside it
     rc, err = _cli("train", _train_args(man, out), capsys)
     assert rc == 2 and len(err) == 1, err
     assert "manifest.json" in err[0] or "worker_001" in err[0], err[0]

@@ -88,7 +88,7 @@ def _run_cli(args, capsys):
 
 def test_bad_inputs_give_one_line_and_no_output(tmp_path, small_shards, capsys):
     out = tmp_path / "out"
-    rc, err = _run_cli(["--manifest", str(tmp_path / "missing.json"), "--output", str(out)], capsys)
+    rc, err = _run_cli(["--manifest", str(tmp_path / "in" / "missing.json"), "--output", str(out)], capsys)
     assert rc == 2 and err[-1].startswith("error: shard manifest not found") and "missing.json" in err[-1]
     rc, err = _run_cli(["--manifest", str(small_shards), "--output", str(out), "--epochs", "-1"], capsys)
     assert rc == 2 and "epochs=-1" in err[-1]
