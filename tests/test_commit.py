@@ -283,7 +283,7 @@ def _check_numbers(out: str, drill: dict) -> None:
     assert [a.split("-")[2] for a in drill["result"]["attempts"]] == ["a1"] * PARTS, drill
     names = [n[:len("part-00000")] if n.startswith("part-") else n for n in _names(out)]
     expected = sorted([f"part-{p:05d}" for p in range(PARTS)] + ["_job.json"])
-    assert names == (expected if fs.location(out).is_local else sorted(expected + [COMPLETE_MARKER]))
+    assert names == sorted(expected + [COMPLETE_MARKER])
     assert sorted(_read_ids(out)) == list(range(ROWS))                    # exact rows, none twice, none partial
 
 
