@@ -168,3 +168,21 @@ def test_train_refuses_an_output_overlapping_the_shard_folder(tmp_path):
     with pytest.raises(ConfigError, match="overlaps the output"):     # and the checkpoints against the output
         check_targets(TrainConfig(manifest=str(shards / "manifest.json"), output=str(tmp_path / "o"),
                                   checkpoint_dir=str(tmp_path / "link2" / ".." / "o" / "ck")))
+
+
+def test_a_study_or_search_work_folder_of_someone_elses_is_refused(tmp_path):
+    """A study (tune) writes into its work folder and deletes unfinished runs there: a folder that
+    holds files and no study.json (optuna.journal) of ours is refused, and nothing in it changes."""
+    from pipeline.train.config import TrackingConfig
+    from pipeline.errors import BadInputError
+    from pipeline.studies.workspace import open_workspace
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "thesis.tex").write_text("x")
+    for own in ("study.json", "optuna.journal"):
+        with pytest.raises(BadInputError, match=r"mine: not a folder of this pipeline's \(it holds thesis.tex"):
+            open_workspace(str(user), None, None, "runs/x", TrackingConfig(enabled=False), own)
+    assert sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
+    (user / "study.json").write_text("{}")
+    assert open_workspace(str(user), None, None, "runs/x", TrackingConfig(enabled=False), "study.json").out == user

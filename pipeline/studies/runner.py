@@ -300,7 +300,8 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
 
     t0 = time.time()
     plan = plan_study(spec)
-    ws = open_workspace(spec.output, spec.work_dir, spec.data_dir, f"runs/studies/{spec.name}", spec.tracking)
+    ws = open_workspace(spec.output, spec.work_dir, spec.data_dir, f"runs/studies/{spec.name}", spec.tracking,
+                        "study.json")
     target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root
     write_json(out / "study.json", plan_summary(plan))
     tracker = _Tracker(plan, out)

@@ -321,7 +321,8 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
 
     t0 = time.time()
     base = check_tune(cfg)
-    ws = open_workspace(cfg.output, cfg.work_dir, cfg.data_dir, f"runs/tune/{cfg.name}", cfg.tracking)
+    ws = open_workspace(cfg.output, cfg.work_dir, cfg.data_dir, f"runs/tune/{cfg.name}", cfg.tracking,
+                        "optuna.journal")
     target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root
     if remote:
         _fetch_search(remote, out)

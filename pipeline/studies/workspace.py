@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..errors import BadInputError
 from ..fs import Location, check_writable, exists, location
 from ..outputs import COMPLETE_MARKER, local_path
 from .publish import RemoteOutput
@@ -71,14 +72,21 @@ def data_root_of(data_dir: Optional[str], out: Path):
 
 
 def open_workspace(output: Optional[str], work_dir: Optional[str], data_dir: Optional[str], default: str,
-                   tracking) -> Workspace:
-    """The checked workspace of a run (tracking URI and store target checked, work folder created)."""
+                   tracking, own: str) -> Workspace:
+    """The checked workspace of a run (tracking URI and store target checked, work folder created).
+    A work folder that exists must be empty or hold ``own`` (the file a study or a search writes
+    first): a folder of someone else's is refused in one line naming it, and nothing is written."""
     if tracking.enabled and tracking.uri:
         from .tracking import client
 
         client(tracking.uri)  # a bad tracking URI fails here, before anything is written
     target = target_of(output, default)
     out = work_folder(output, work_dir, default)
+    if out.is_dir() and not (out / own).exists():
+        first = next(iter(sorted(out.iterdir())), None)
+        if first is not None:
+            raise BadInputError(f"{out}: not a folder of this pipeline's (it holds {first.name} and no {own}): "
+                                "choose another output or work_dir; nothing was changed")
     remote = None if target.is_local else RemoteOutput(target)
     if remote:
         check_writable(target)  # a bad bucket, credentials or a read-only prefix: before any work
