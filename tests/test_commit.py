@@ -124,8 +124,14 @@ def test_a_stray_object_beside_a_committed_output_is_not_read(s3, tmp_path):
             a.write_table("part-00000.parquet", _table(0, 10))
             job.add([a.record()])
         fs.write_bytes(fs.location(out).child("part-00000-zombie.parquet"), b"PAR1 half")
+        pq.write_table(_table(50, 60), f"{s3.bucket}/stray/out/part-00001.parquet",
+                       filesystem=fs.location(out).filesystem())                # a stray, complete and valid
         assert [f.name for f in committed_files(out, ".parquet")] == ["part-00000.parquet"]
         assert _read_ids(out) == list(range(10))
+        from pipeline.data.parquet import parquet_files
+        from pipeline.inputs import dataset_files
+
+        assert parquet_files(out) == dataset_files(out) == [f"{out}/part-00000.parquet"]   # the readers
         marker = fs.location(out).child(COMPLETE_MARKER)
         marker.filesystem().delete_file(marker.path)
         with pytest.raises(BadInputError, match="incomplete"):
