@@ -204,6 +204,31 @@ def test_s3_inputs_ingest_the_same_rows_and_a_missing_object_is_a_bad_file(spark
         assert _parts(tmp_path / "m").equals(local_parts)
 
 
+def test_s3a_and_s3n_input_names_are_s3():
+    from pipeline.ingest.root.files import resolve_files
+
+    assert resolve_files(["s3a://b/x/a.root", "S3N://b/x/b.root", "s3://b/x/a.root"]) == ["s3://b/x/a.root",
+                                                                                          "s3://b/x/b.root"]
+
+
+def test_s3a_inputs_are_the_s3_inputs(spark, export, local_parts, tmp_path_factory, tmp_path):
+    """``s3a://`` (Spark's name for the same objects) is an alias of ``s3://`` for inputs: its glob is
+    listed by the store, the tasks get the credentials, and the rows and file names are those of the
+    ``s3://`` input."""
+    with s3_server(tmp_path_factory.mktemp("moto")) as s3, environment(**s3.env("writer")):
+        for n in SAMPLES:
+            fs.write_bytes(fs.location(f"s3://{s3.bucket}/root/a/{n}"), (export / n).read_bytes())
+        reps = {scheme: ingest_root(_cfg(f"{scheme}://{s3.bucket}/root/a/nano_*.root", tmp_path / scheme), spark=spark)
+                for scheme in ("s3a", "s3")}
+        for scheme, rep in reps.items():
+            assert [f["file"] for f in rep["files"]] == [f"s3://{s3.bucket}/root/a/{n}" for n in SAMPLES], scheme
+            assert rep["bad_files"] == [] and _parts(tmp_path / scheme).equals(local_parts), scheme
+        one = ingest_root(_cfg([f"s3a://{s3.bucket}/root/a/{SAMPLES[0]}", f"s3n://{s3.bucket}/root/a/{SAMPLES[1]}"],
+                               tmp_path / "listed"), spark=spark)
+        assert [f["file"] for f in one["files"]] == [f"s3://{s3.bucket}/root/a/{n}" for n in SAMPLES]
+        assert _parts(tmp_path / "listed").equals(local_parts)
+
+
 @pytest.fixture(scope="module")
 def delphes_export(delphes_root, tmp_path_factory) -> Path:
     """Delphes-layout ttbar / wjets files (boosted real delphes.root events) to serve over root://."""

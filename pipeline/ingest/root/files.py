@@ -7,7 +7,7 @@ import os
 from typing import Iterable, Union
 
 from ...errors import ConfigError
-from ...fs import expand_remote_glob
+from ...fs import expand_remote_glob, location
 from ...samples import coffea_samples
 from .config import SAMPLES_PREFIX
 
@@ -30,13 +30,17 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
     """Expand paths/globs (sorted, de-duplicated, order of the patterns kept).
 
     ``samples:NAME`` is a file of the cached coffea samples (:func:`pipeline.samples.coffea_samples`);
-    a ``root://`` or ``s3://`` glob is listed by the server (:func:`pipeline.fs.expand_remote_glob`), other
-    URLs (``root://``, ``http(s)://``) are passed through. A plain path or URL that does not exist
+    ``s3a://`` and ``s3n://`` (Spark's names of the same objects) are ``s3://``, so every later step
+    (the tasks' credentials, the reader, the report) sees one name; a ``root://`` or ``s3://`` glob is
+    listed by the server (:func:`pipeline.fs.expand_remote_glob`), other URLs (``root://``,
+    ``http(s)://``) are passed through. A plain path or URL that does not exist
     is kept (it is reported as a bad file later); a glob that matches nothing is a :class:`ConfigError`.
     """
     out: list[str] = []
     for item in _as_list(inputs):
         item = sample_path(item.strip())
+        if item.split("://", 1)[0].lower() in ("s3", "s3a", "s3n") and "://" in item:
+            item = str(location(item))          # s3://bucket/key, whichever alias was given
         if "://" in item and not item.startswith("file://"):
             hits = expand_remote_glob(item) if item.lower().startswith(("root://", "s3://")) else [item]
             if not hits:
