@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Type
 
 from .config import REQUIRED, StageConfig, command_line, config_fields, input_producer, load_config
@@ -75,18 +76,26 @@ def root_cause(e: BaseException) -> str:
 
 
 _MISSING = ("not found", "matches no file")
+#: the documented configs: a job's built-in defaults chain like ``configs/<job>.yaml`` (tests/test_config_chain.py)
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def _producer_hint(e: PipelineError, config: Optional[str]) -> str:
+def _producer_hint(e: PipelineError, config: Optional[str], prog: str = "") -> str:
     """For the config file's own input gone missing: the command that writes it, as the file's
-    first lines say (not for an input the user pointed elsewhere)."""
-    found = input_producer(config) if any(m in str(e) for m in _MISSING) else None
-    return f" (the input of {config}, {found[0]}, is written by `{found[1]}`)" if found and found[0] in str(e) else ""
+    first lines say (not for an input the user pointed elsewhere). Without ``--config`` the job's
+    built-in default input is that of ``configs/<prog>.yaml``, whose first lines say the same."""
+    if not any(m in str(e) for m in _MISSING):
+        return ""
+    found = input_producer(config or (CONFIGS_DIR / f"{prog}.yaml" if prog else None))
+    if not found or found[0] not in str(e):
+        return ""
+    return (f" (the input of {config}, {found[0]}, is written by `{found[1]}`)" if config
+            else f" (the default input, {found[0]}, is written by `{found[1]}`: run it first)")
 
 
 def _fmt_default(v: Any) -> str:
     if isinstance(v, (dict, list)):
-        return json.dumps(v)
+        return json.dumps(v, default=lambda o: o.model_dump(mode="json") if hasattr(o, "model_dump") else str(o))
     return repr(v) if isinstance(v, str) else str(v)
 
 
@@ -148,7 +157,7 @@ def _run_job(argv, prog, description, config_cls, run, plan, default_config, sum
         print(f"SUMMARY {prog}: {text}", flush=True)
         return 0
     except PipelineError as e:
-        print(f"error: {e}{_producer_hint(e, args.config)}", file=sys.stderr)
+        print(f"error: {e}{_producer_hint(e, args.config, prog)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -106,3 +106,102 @@ def test_a_missing_input_names_the_command_that_writes_it(how, tmp_path):
     assert r.returncode == 2, r.stdout[-2000:]
     last = lines(r.stdout)[-1]
     assert last.startswith("error:") and "runs/hep/shards/manifest.json" in last and "`make run`" in last, last
+
+
+# ------------------------------------------------------------------ the built-in defaults (no --config)
+def test_the_built_in_defaults_chain_like_the_configs():
+    """Each stage's config with no file and no value given (the bare job) reads what the previous
+    stage writes with its own built-in defaults, at the paths of configs/*.yaml and of ``make run``."""
+    from pipeline.features.stage import FeaturesConfig
+    from pipeline.ingest.root import IngestRootConfig
+    from pipeline.report.curves import ReportConfig
+    from pipeline.shards.materialize import ShardConfig
+    from pipeline.simulate.config import SimulateConfig
+    from pipeline.train.config import TrainConfig
+
+    sim, ing, feat, sh_, tr = SimulateConfig(), IngestRootConfig(), FeaturesConfig(), ShardConfig(), TrainConfig()
+    assert sim.output == "runs/hep/simulated"
+    assert ing.input == f"{sim.output}/*/*.root" and ing.tree == "Delphes" and ing.output == "runs/hep/events"
+    assert feat.input == ing.output and feat.tree == ing.tree and feat.output == "runs/hep/features"
+    assert sh_.input == f"{feat.output}/hlf" and sh_.output == "runs/hep/shards"
+    assert tr.manifest == f"{sh_.output}/manifest.json" and tr.output == "runs/hep/train"
+    assert ReportConfig().runs == [tr.output]
+    # the same paths and labels as the config files (the documented chain) and as make run
+    yaml = {"simulate": _cfg(SimulateConfig, "simulate.yaml"), "ingest": _cfg(IngestRootConfig, "ingest_root.yaml"),
+            "features": _cfg(FeaturesConfig, "features.yaml"), "shard": _cfg(ShardConfig, "shard.yaml"),
+            "train": _cfg(TrainConfig, "train.yaml")}
+    made = _make_run_paths()
+    for stage, cfg in {"simulate": sim, "ingest": ing, "features": feat, "shard": sh_, "train": tr}.items():
+        for key in ("input", "output", "manifest", "tree", "workers"):
+            if key in type(cfg).model_fields:
+                assert getattr(cfg, key) == getattr(yaml[stage], key), f"{stage}.{key}"
+        for key in ("output", "manifest"):
+            if key in type(cfg).model_fields:
+                assert _abs(getattr(cfg, key)) == _abs(getattr(made[stage], key)), f"{stage}.{key}"
+    assert [(s.name, s.label) for s in feat.samples] == [(s.name, s.label) for s in yaml["features"].samples]
+    assert [s.files for s in feat.samples] == [s.files for s in yaml["features"].samples]
+
+
+def _hlf_shards(root: Path) -> None:
+    """What ``make run`` leaves under ``root``: runs/hep/shards (HLF rows, 2 workers) and
+    runs/hep/features/scaling.json, written without Spark."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.features.scaling import ScalingFile
+    from pipeline.shards.manifest import ShardManifest
+
+    feats, shards = root / "runs" / "hep" / "features", root / "runs" / "hep" / "shards"
+    (feats / "hlf").mkdir(parents=True)
+    (feats / "scaling.json").write_text(ScalingFile(hlf={"mean": [0.0] * 14, "std": [1.0] * 14},
+                                                    llf={"mean": [0.0] * 19, "std": [1.0] * 19}).model_dump_json())
+    rng = np.random.default_rng(0)
+
+    def part(d: Path, ids: np.ndarray, split: str) -> str:
+        d.mkdir(parents=True)
+        pq.write_table(pa.table({"sample_id": ids.astype(np.int64), "label": (ids % 3).astype(np.int64),
+                                 "split": [split] * len(ids),
+                                 "hlf": pa.array(list(rng.normal(size=(len(ids), 14)).astype(np.float32)),
+                                                 pa.list_(pa.float32()))}), d / "part-00000.parquet")
+        return str(d.resolve())
+
+    workers = [{"worker": w, "path": part(shards / f"worker_{w:03d}", np.arange(w * 128, (w + 1) * 128), "train"),
+                "files": ["part-00000.parquet"], "rows": 128, "sample_ids": [[w * 128, w * 128 + 127]],
+                "seed": 1000 + w, "group": {}} for w in range(2)]
+    ev = {s: part(shards / "eval" / s, np.arange(256 + 64 * i, 320 + 64 * i), s) for i, s in enumerate(("test", "val"))}
+    ShardManifest(source=str(feats / "hlf"), layout={"scheme": "disjoint", "workers": 2, "copies": 1, "seed": 0},
+                  n_train_samples=256, row_group_rows=128, eval=ev, workers=workers).write(shards / "manifest.json")
+
+
+def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypatch, capsys):
+    """``jobs/train.py`` with no option, in a checkout where ``make run`` ran: the HLF shards under
+    runs/hep/shards with the HLF model (the model follows the shards when none is given); where
+    they are missing, one line naming the manifest and `make run`."""
+    import json
+
+    from jobs.train import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: shard manifest not found:") and "runs/hep/shards/manifest.json" in err, err
+    assert "`make run`" in err, err
+    _hlf_shards(tmp_path)
+    assert main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out[:out.rindex("}") + 1])["plan"]
+    assert plan["model"] == "hlf" and plan["inputs"] == [str(tmp_path / "runs/hep/shards/manifest.json")], plan
+    assert plan["outputs"][0] == str(tmp_path / "runs/hep/train")
+
+
+@pytest.mark.parametrize("job,missing", [("ingest_root", "runs/hep/simulated"), ("features", "runs/hep/events"),
+                                         ("shard", "runs/hep/features/hlf")])
+def test_a_bare_job_with_its_input_missing_names_the_command_that_writes_it(job, missing, tmp_path, monkeypatch,
+                                                                          capsys):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    assert importlib.import_module(f"jobs.{job}").main(["--dry-run"] if job == "ingest_root" else []) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error:") and missing in err and "`make run`" in err, err

@@ -30,14 +30,27 @@ class SampleSpec(BaseModel):
         return v
 
 
+#: the events ``make run`` ingests (``configs/ingest_root.yaml``): the input when neither input nor samples is given
+DEFAULT_INPUT = "runs/hep/events"
+
+
+def _default_samples() -> list["SampleSpec"]:
+    """The classes of the generated events (``configs/features.yaml``): by the generator's folders
+    (``<process>/<process>_NNNN.root``) or file names; coffea's ``delphes.root`` stands in for ttbar."""
+    return [SampleSpec(name="qcd", label=0, files=["*/qcd/*.root", "qcd*.root"]),
+            SampleSpec(name="ttbar", label=1, files=["*/ttbar/*.root", "ttbar*.root", "samples:delphes.root"]),
+            SampleSpec(name="wjets", label=2, files=["*/wjets/*.root", "wjets*.root"])]
+
+
 class FeaturesConfig(StageConfig):
     """Settings of ``jobs/features.py``."""
 
     input: Optional[Union[str, list[str]]] = Field(
-        None, description="ingested dataset dir(s) (ingest_root output) or ROOT paths/globs; "
-                          "default: the files of samples")
-    samples: list[SampleSpec] = Field(..., min_length=1, description="label of each file: the first sample "
-                                      "with a matching path/glob (QCD=0, ttbar=1, W+jets=2)")
+        None, description="ingested dataset dir(s) (ingest_root output) or ROOT paths/globs; default: the "
+                          f"files of samples when samples are given, else {DEFAULT_INPUT} (written by `make run`)")
+    samples: list[SampleSpec] = Field(default_factory=_default_samples, min_length=1,
+                                      description="label of each file: the first sample with a matching path/glob "
+                                                  "(QCD=0, ttbar=1, W+jets=2; default: the generated classes)")
     tree: str = Field("Delphes", description="TTree or RNTuple name when reading ROOT files")
     output: str = Field("runs/hep/features", description="output dir: hlf/, llf/, scaling.json, report.json")
     step_size: StepSize = Field("50 MB", description="ROOT chunk size (entries or '50 MB'); one task each")
@@ -56,6 +69,12 @@ class FeaturesConfig(StageConfig):
         "lz4", description="compression of the work files between the two Spark passes (Arrow IPC under the "
                            "output job's prefix, removed at the commit): lz4 stages fewer bytes, none spends "
                            "less CPU per event (docs/benchmarks.md#hep-features)")
+
+    @model_validator(mode="after")
+    def _default_input(self):
+        if self.input is None and "samples" not in self.model_fields_set:   # the bare job: make run's events
+            self.input = DEFAULT_INPUT
+        return self
 
     @model_validator(mode="after")
     def _fractions(self):

@@ -57,7 +57,7 @@ def label_of(path: str, samples: list[SampleSpec]) -> Optional[int]:
 def is_ingested(p: str) -> bool:
     """``p`` is an ingested dataset (a local path, a shared mount or ``s3://``: it holds the
     ingestion's ``_report.json``)."""
-    if "://" in p and not p.startswith(("s3://", "file://")):
+    if "://" in p and p.split("://", 1)[0].lower() not in ("s3", "s3a", "s3n", "file"):   # s3a: Spark's s3
         return False
     if "*" in p or "?" in p or "[" in p:
         return False

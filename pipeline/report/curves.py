@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class ReportConfig(StageConfig):
     """Config of ``jobs/report.py``."""
 
-    runs: list[str] = Field(default_factory=lambda: ["runs/images/train"],
+    runs: list[str] = Field(default_factory=lambda: ["runs/hep/train"],
                             description="training output directories or metrics.jsonl files")
     output: str = Field("runs/report/learning_curves.png", description="PNG file to write")
     split: str = Field("val", description="evaluation split to plot (val | test)")

@@ -211,6 +211,7 @@ def track_training(cfg, summary: dict) -> Optional[str]:
     temporary directory); the tracking store is then ``tracking.uri`` (``check_tracking_target``)."""
     if not cfg.tracking.enabled:
         return None
+    cfg = cfg.model_copy(update={"model": summary.get("model", cfg.model)})   # chosen by the shards when not given
     from ..fs import location, read_bytes
     from .results import run_metrics
 

@@ -94,14 +94,15 @@ class DebugConfig(BaseModel):
 class TrainConfig(StageConfig):
     """Configuration of the training stage (``jobs/train.py``, ``pipeline.train.launch.train``)."""
 
-    manifest: str = Field("runs/shards/manifest.json", description="shard manifest.json written by the shard stage")
-    output: str = Field("runs/train", description="output directory: metrics.jsonl, summary.json, model.pt")
+    manifest: str = Field("runs/hep/shards/manifest.json", description="shard manifest.json written by the shard stage")
+    output: str = Field("runs/hep/train", description="output directory: metrics.jsonl, summary.json, model.pt")
     checkpoint_dir: Optional[str] = Field(None, description="checkpoints (default: <output>-checkpoints next to output)")
     launcher: Literal["horovod", "torch", "local"] = Field(
         "horovod", description="horovod (horovod.spark.run, gloo) | torch (TorchDistributor) | local (no Spark)")
     workers: Optional[int] = Field(None, gt=0, description="number of workers; default and must-match: the manifest's")
     torch_local_mode: bool = Field(False, description="TorchDistributor local_mode (processes on the driver)")
-    model: Literal["lenet5", "resnet20", "hlf", "gru", "inclusive"] = Field("lenet5", description="model")
+    model: Literal["lenet5", "resnet20", "hlf", "gru", "inclusive"] = Field(
+        "lenet5", description="model (when none is given: hlf for shards of HEP features)")
     scaling: Optional[str] = Field(None, description="scaling.json for HEP features (default: next to the manifest's source)")
     epochs: int = Field(8, gt=0, description="target epochs E_target (overlap layouts run ceil(E/C) passes)")
     batch_size: int = Field(32, gt=0, description="the batch that batch_rule reads: local - a worker's batch b | "

@@ -103,6 +103,23 @@ def _find_scaling(cfg: TrainConfig, source: str) -> Optional[str]:
                         " set scaling=PATH)")
 
 
+def model_for_shards(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the model its shards call for when none was given: the built-in default
+    (``lenet5``) reads images, so shards of HEP features (``hlf`` rows, as ``make run`` writes them
+    under the default manifest) train the HLF classifier instead. A given model is kept as it is."""
+    if "model" in cfg.model_fields_set:
+        return cfg
+    from ..data.parquet import parquet_files, read_parquet_schema
+    from ..shards.manifest import load_manifest
+
+    man = load_manifest(cfg.manifest)
+    names = set(read_parquet_schema(parquet_files(man.workers[0].path)[0]).names) if man.workers else set()
+    if "image" in names or "hlf" not in names:
+        return cfg
+    log.info("model: hlf (the shards of %s hold HEP features; set model to choose another)", man.path)
+    return cfg.model_copy(update={"model": "hlf"})
+
+
 def make_plan(cfg: TrainConfig) -> dict:
     """Check inputs and compute what every worker follows (all integers known up front)."""
     from ..data.shard_reader import check_columns, label_count, probe_shape
@@ -182,10 +199,12 @@ def _validated_plan(manifest: str, fields: dict) -> dict:
 
 def plan_train(cfg: TrainConfig) -> dict:
     """``--dry-run``: inputs, outputs and the step plan, without starting Spark or workers."""
+    cfg = model_for_shards(cfg)
     plan = make_plan(cfg)
     return {"inputs": [plan["manifest"]], "outputs": [str(location(cfg.output, output=True)), str(checkpoint_dir(cfg))],
-            "launcher": cfg.launcher, **{k: plan[k] for k in ("workers", "steps_per_epoch", "overlap_epochs",
-                                                               "total_steps", "eval_every", "warmup_steps")}}
+            "launcher": cfg.launcher, "model": cfg.model,
+            **{k: plan[k] for k in ("workers", "steps_per_epoch", "overlap_epochs", "total_steps", "eval_every",
+                                    "warmup_steps")}}
 
 
 # ---------------------------------------------------------------------------- launchers
@@ -379,7 +398,7 @@ def train(cfg: TrainConfig, spark=None) -> dict:
     from . import checkpoint, restart
 
     final, ck = check_targets(cfg)
-    cfg = cfg.model_copy(update={"manifest": str(location(cfg.manifest))})
+    cfg = model_for_shards(cfg.model_copy(update={"manifest": str(location(cfg.manifest))}))
     plan = make_plan(cfg)
     if ck.is_local:
         Path(ck.path).mkdir(parents=True, exist_ok=True)

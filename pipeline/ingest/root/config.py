@@ -50,12 +50,14 @@ StepSize = Annotated[Union[int, str], AfterValidator(_valid_step_size)]
 class IngestRootConfig(StageConfig):
     """Settings of ``jobs/ingest_root.py`` (uproot-like names)."""
 
-    input: Union[str, list[str]] = Field(..., description="ROOT files: paths, globs, root:// URLs or "
-                                         "samples:NAME (coffea sample files); a list or one string")
-    tree: str = Field("Events", description="TTree or RNTuple name (path inside the file, e.g. 'Delphes')")
+    input: Union[str, list[str]] = Field("runs/hep/simulated/*/*.root", description="ROOT files: paths, globs, "
+                                         "root:// or s3:// URLs or samples:NAME (coffea sample files); a list or "
+                                         "one string (default: the files `make run` generates)")
+    tree: str = Field("Delphes", description="TTree or RNTuple name (path inside the file, e.g. 'Events' for "
+                      "CMS NanoAOD)")
     filter_name: list[str] = Field(default_factory=lambda: ["*"],
                                    description="branches: exact names, globs or /regex/ (uproot filter_name)")
-    output: str = Field("runs/root/events", description="output Parquet directory: a local path, a shared "
+    output: str = Field("runs/hep/events", description="output Parquet directory: a local path, a shared "
                         "mount or s3://bucket/prefix (replaced atomically)")
     step_size: StepSize = Field("100 MB", description="chunk size: entries (int) or uncompressed "
                                        "size such as '100 MB'; one Spark task per chunk")
