@@ -1,5 +1,6 @@
 """The feature stage's driver holds per-file and per-task metadata, counts and histograms, never
-per-event arrays: what it receives from its tasks does not grow with the events per chunk. The
+per-event arrays: what it receives from its tasks and what it allocates (in Python and in
+pyarrow's memory pool, which tracemalloc does not see) do not grow with the events per chunk. The
 split decided from those aggregates is exact (per class floor(n * fraction) test and val events)
 and the same events get the same split however the input is cut into chunks and tasks."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import hep_root_fixtures as H  # noqa: E402
+from driver_memory import DriverMemory  # noqa: E402
 
 SAMPLES = [{"name": "qcd", "label": 0, "files": ["*/qcd_*.root"]}, {"name": "ttbar", "label": 1, "files": ["*.root"]}]
 
@@ -57,23 +59,31 @@ class _Received:
 
 
 def _run(spark, monkeypatch, src, out, **kw):
+    """(report, the HLF rows, bytes of task results the driver took in, its DriverMemory)."""
     from pipeline.features.stage import FeaturesConfig, build_features
 
     got = _Received(spark, monkeypatch)
     cfg = FeaturesConfig(input=str(src / "*.root"), samples=SAMPLES, output=str(out), test_fraction=0.25,
                          val_fraction=0.15, seed=11, **kw)
-    rep = build_features(cfg, spark=spark)
-    monkeypatch.undo()
+    try:
+        with DriverMemory() as mem:
+            rep = build_features(cfg, spark=spark)
+    finally:
+        monkeypatch.undo()
     t = pads.dataset(rep["hlf"], format="parquet").to_table().to_pandas().sort_values("sample_id")
-    return rep, t, got.bytes
+    return rep, t, got.bytes, mem
 
 
 def test_driver_receives_no_per_event_arrays_and_the_split_is_exact(spark, two_sizes, tmp_path, monkeypatch):
-    small_rep, _, small = _run(spark, monkeypatch, two_sizes[25], tmp_path / "small")
-    rep, hlf, big = _run(spark, monkeypatch, two_sizes[200], tmp_path / "big")
+    _run(spark, monkeypatch, two_sizes[25], tmp_path / "warm")              # imports and caches
+    small_rep, _, small, small_mem = _run(spark, monkeypatch, two_sizes[25], tmp_path / "small")
+    rep, hlf, big, big_mem = _run(spark, monkeypatch, two_sizes[200], tmp_path / "big")
     sel = sum(f["selected"] for f in rep["files"])
     assert sel - sum(f["selected"] for f in small_rep["files"]) > 100           # 8x the events, same chunks
     assert big - small < 2048, (small, big)                      # not a byte more per event (old: ~370 per event)
+    mem = [(m.python, m.arrow) for m in (small_mem, big_mem)]
+    assert big_mem.python - small_mem.python < 128 << 10, mem    # nor held by the driver: in Python
+    assert big_mem.arrow - small_mem.arrow < 128 << 10, mem      # or in Arrow buffers (a footer read: 64 KiB)
     for lab in (0, 1):       # exact stratified split: per class floor(n * fraction) test and val events
         n = int((hlf.label == lab).sum())
         c = hlf[hlf.label == lab].split.value_counts().to_dict()
@@ -82,7 +92,7 @@ def test_driver_receives_no_per_event_arrays_and_the_split_is_exact(spark, two_s
                                             "val": c.get("val", 0), "test": c.get("test", 0)}
     # the same events cut into chunks of 7 entries (a second pass, many more tasks) and into LLF
     # files of 1 MB: the same sample_ids, labels, splits and HLF
-    _, again, _ = _run(spark, monkeypatch, two_sizes[200], tmp_path / "cut", step_size=7, file_mb=1)
+    _, again, _, _ = _run(spark, monkeypatch, two_sizes[200], tmp_path / "cut", step_size=7, file_mb=1)
     assert again.sample_id.tolist() == hlf.sample_id.tolist() == list(range(sel))
     assert again.label.tolist() == hlf.label.tolist() and again.split.tolist() == hlf.split.tolist()
     np.testing.assert_array_equal(np.stack(again.hlf.to_numpy()), np.stack(hlf.hlf.to_numpy()))

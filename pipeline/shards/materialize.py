@@ -57,9 +57,9 @@ EVAL_SPLITS = ("test", "val")          # always written (empty when the input ha
 class ShardConfig(StageConfig):
     """Config of the shard stage (``jobs/shard.py``, defaults in ``configs/shard.yaml``)."""
 
-    input: str = Field("runs/images/dataset", description="input Parquet dataset (needs sample_id and split): a "
+    input: str = Field("runs/hep/features/hlf", description="input Parquet dataset (needs sample_id and split): a "
                                                           "local path or s3://bucket/prefix")
-    output: str = Field("runs/shards", description="output directory or s3://bucket/prefix (replaced atomically; "
+    output: str = Field("runs/hep/shards", description="output directory or s3://bucket/prefix (replaced atomically; "
                                                    "docs/storage.md)")
     scheme: Literal["disjoint", "full_overlap", "coarse", "medium_coarse", "fine_grained", "households",
                     "neighbourhoods"] = Field("disjoint", description="assignment scheme: " + ", ".join(SCHEMES))
@@ -125,13 +125,16 @@ def _tensor_columns(sc: Scan, names: list[str]) -> dict[str, tuple[str, int]]:
 
 
 def _first_value(sc: Scan, name: str):
-    """The first row of one column (one row read from the first non-empty file)."""
+    """The first row of one column (one row read from the first non-empty file). The file is read
+    as a stream (``buffer_size``): the driver decodes the column's first page, not the whole column
+    chunk of a row group (which grows with the rows per row group)."""
     import pyarrow.parquet as pq
 
     for fi in sorted({g[0] for g in sc.groups if g[2]}):
         loc = location(sc.files[fi])
         with loc.filesystem().open_input_file(loc.path) as f:
-            for batch in pq.ParquetFile(f).iter_batches(columns=[name], batch_size=1):
+            for batch in pq.ParquetFile(f, buffer_size=1 << 16, pre_buffer=False).iter_batches(columns=[name],
+                                                                                                batch_size=1):
                 if batch.num_rows:
                     return batch.column(0)
     return None
