@@ -174,7 +174,7 @@ def _hlf_shards(root: Path) -> None:
                   n_train_samples=256, row_group_rows=128, eval=ev, workers=workers).write(shards / "manifest.json")
 
 
-def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypatch, capsys):
+def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypatch, capsys, spark):
     """``jobs/train.py`` with no option, in a checkout where ``make run`` ran: the HLF shards under
     runs/hep/shards with the HLF model (the model follows the shards when none is given); where
     they are missing, one line naming the manifest and `make run`."""
@@ -198,7 +198,9 @@ def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypat
 @pytest.mark.parametrize("job,missing", [("ingest_root", "runs/hep/simulated"), ("features", "runs/hep/events"),
                                          ("shard", "runs/hep/features/hlf")])
 def test_a_bare_job_with_its_input_missing_names_the_command_that_writes_it(job, missing, tmp_path, monkeypatch,
-                                                                          capsys):
+                                                                          capsys, spark):
+    # ``spark``: the suite's shared local[2] session exists before the job asks for one (a job run
+    # in-process takes the session that exists; its own default would be local[*])
     import importlib
 
     monkeypatch.chdir(tmp_path)
