@@ -65,9 +65,9 @@ from .attempts import (ATTEMPT_DDL, FAULT_ENV, FAULT_PROPERTY, InjectedFault, Jo
                        TaskAttempt, _relative, attempt_fields, attempt_schema)
 from .errors import BadInputError, PipelineError
 from .fs import (Location, check_writable, delete_file, delete_tree, error_reason, exists, list_files, location,
-                 remove_dir_if_empty, sync_dir, write_bytes)
+                 sync_dir, write_bytes)
 from .marker import (ATTEMPTS, COMPLETE_MARKER, Marker, foreign_file, job_siblings, old_name, parent,
-                     previous_generation, read_marker, refuse_foreign, staging_name)
+                     read_marker, refuse_foreign, staging_name)
 
 __all__ = ["ATTEMPTS", "ATTEMPT_DDL", "COMMIT_KILL_ENV", "COMPLETE_MARKER", "FAULT_ENV", "FAULT_PROPERTY",
            "InjectedFault", "JobTarget", "OutputJob", "PartWriter", "TaskAttempt", "attempt_fields", "attempt_schema",
@@ -327,24 +327,21 @@ class OutputJob:
     def _commit_object_store(self, files: list[str]) -> None:
         """No object is overwritten while a marker names it: (1) a marker naming the new files
         where they lie in the job's prefix (the new output is complete from here on), (2) each
-        file copied under its own name, (3) the marker naming them there and the previous output's
-        files still to delete, (4) those deleted, one by one, (5) the marker naming the new files
-        alone, (6) the job's prefix deleted. A stop at any step leaves the old or the new output
-        complete, and everything beside it ours (listed by the marker, or a job's prefix) for the
-        next job on this output to delete (:meth:`_clean_leftovers`, step 4 of its commit)."""
+        file copied under its own name, (3) the marker naming them there, (4) every other object
+        under the output deleted (the previous output's files, and anything put into it), (5) the
+        job's prefix deleted. A stop at any step leaves the old or the new output complete; what
+        is left is ours (under the output's marker, or a job's prefix) and the next job on this
+        output deletes it."""
         fsys = self.final.filesystem()
         marker = self.final.child(COMPLETE_MARKER)
-        previous = previous_generation(self.final)
+        previous = read_marker(self.final)
         kept = self.kept()
         present = {f.path for f in list_files(self.staging)}
         missing = sorted(rel for rel, src in kept.items() if src.path not in present)
         if missing:                 # checked before any marker names them: the old output stays as it is
             raise BadInputError(f"{self.final}: cannot commit: {missing[0]} is missing from the job's prefix")
-        new = set(files)
-        replaced = tuple(n for n in (previous.files if previous else ()) if n not in new and n != COMPLETE_MARKER)
-        stale = bool(previous and previous.objects)
         rel_to_final = {rel: posixpath.relpath(src.path, self.final.path.rstrip("/")) for rel, src in kept.items()}
-        write_bytes(marker, Marker(self.job_id, tuple(files), rel_to_final, replaced).to_bytes())
+        write_bytes(marker, Marker(self.job_id, tuple(files), rel_to_final).to_bytes())
         self._published = True
         _step("wrote the marker naming the job's prefix")
         with ThreadPoolExecutor(max_workers=_MOVE_THREADS) as pool:
@@ -355,20 +352,15 @@ class OutputJob:
                 except OSError as e:
                     raise BadInputError(f"{self.final}: cannot write: {error_reason(e)}") from None
                 _step(f"copied {rel}")
-        if replaced:
-            write_bytes(marker, Marker(self.job_id, tuple(files), replaced=replaced).to_bytes())
-            _step("wrote the marker naming the files to delete")
-            for name in replaced:
-                delete_file(self.final.child(name))
-                _step(f"deleted the previous {name}")
         write_bytes(marker, Marker(self.job_id, tuple(files)).to_bytes())
         _step("wrote the marker")
-        if stale:                    # a previous job's prefix that its stopped commit left named
+        keep = {self.final.child(n).path for n in (*files, COMPLETE_MARKER)}
+        for f in list_files(self.final):
+            if f.path not in keep:
+                delete_file(f)
+                _step(f"deleted {posixpath.relpath(f.path, self.final.path)}")
+        if previous is not None and previous.objects:   # a previous job's prefix its stopped commit left named
             self._clean_leftovers()
-        dirs = {posixpath.dirname(f) for f in files}
-        for name in replaced:
-            if posixpath.dirname(name) and posixpath.dirname(name) not in dirs:
-                remove_dir_if_empty(self.final.child(posixpath.dirname(name)))
         delete_tree(self.staging)
         _step("deleted the job's prefix")
 

@@ -6,17 +6,15 @@ and on an object store alike::
     {"format": 2, "job": "3f0c...", "files": ["_report.json", "part-00000.parquet", ...],
      "objects": {"part-00000.parquet": "../.events.tmp-3f0c.../_attempts/s1-p0-a0-t4/part-00000.parquet"}}
 
-``files`` are the output's files by their names in it. ``objects`` and ``replaced`` are there only while a
-commit on an object store is under way (``replaced``: the previous output's files it still has to
-delete): it maps a name to where its bytes lie, relative to the output
+``files`` are the output's files by their names in it. ``objects`` is there only while a commit on an
+object store is under way: it maps a name to where its bytes lie, relative to the output
 (the job's staging prefix, until the files are copied under their own names). Readers resolve
 every name through the marker (:func:`Marker.where`), so an output is either the old one or the
 new one, whatever step a commit stopped at.
 
 The marker is also the proof that a location is ours to replace or delete (:func:`foreign_file`):
 an output may be replaced when it is absent, empty, or a committed output of this pipeline (its
-``_COMPLETE``, or the ``_report.json`` an ingestion wrote before outputs carried ``_COMPLETE``)
-holding nothing the marker does not account for.
+``_COMPLETE``, or the ``_report.json`` an ingestion wrote before outputs carried ``_COMPLETE``).
 """
 from __future__ import annotations
 
@@ -46,8 +44,6 @@ class Marker:
     job: str
     files: tuple = ()
     objects: dict = field(default_factory=dict)
-    #: files of the output this commit replaces that are still to be deleted (ours, not the output's)
-    replaced: tuple = ()
 
     def where(self, root: Location, name: str) -> Location:
         """Where the bytes of the output's file ``name`` lie (``root``: the output)."""
@@ -60,8 +56,6 @@ class Marker:
         body = {"format": FORMAT, "job": self.job, "files": sorted(self.files)}
         if self.objects:
             body["objects"] = dict(sorted(self.objects.items()))
-        if self.replaced:
-            body["replaced"] = sorted(self.replaced)
         return json.dumps(body).encode()
 
 
@@ -71,7 +65,7 @@ def parse_marker(raw: bytes, at: Location) -> Marker:
         body = json.loads(raw)
         files = tuple(str(f) for f in body["files"])
         objects = {str(k): str(v) for k, v in (body.get("objects") or {}).items()}
-        return Marker(str(body.get("job", "")), files, objects, tuple(str(f) for f in body.get("replaced") or ()))
+        return Marker(str(body.get("job", "")), files, objects)
     except (ValueError, KeyError, TypeError, AttributeError):
         raise BadInputError(f"{at}: not a valid completion marker") from None
 
@@ -121,36 +115,18 @@ def _relative_files(root: Location) -> list[str]:
 
 
 def foreign_file(final: Location) -> Optional[str]:
-    """The first file under ``final`` that is not ours: None when ``final`` is absent, empty, or a
-    committed output whose marker accounts for every file in it (its job's attempt directories
-    included); ``"."`` when ``final`` is a file itself."""
+    """The first file under ``final`` when ``final`` is not ours to replace: None when it is
+    absent, empty, or a committed output of ours (its ``_COMPLETE``, or a :data:`LEGACY_MARKERS`
+    file: the whole folder is ours, files put into it since included); ``"."`` when ``final`` is a
+    file itself."""
+    if (not final.is_local or os.path.isdir(final.path)) and read_marker(final) is not None:
+        return None                              # (a damaged marker is one line naming it)
     names = _relative_files(final)
     if not names or names == ["."]:
         return names[0] if names else None
-    present = set(names)
-    if COMPLETE_MARKER in present:
-        marker = read_marker(final)
-        ours = {COMPLETE_MARKER, *marker.files, *marker.replaced}
-        ours |= {posixpath.normpath(v) for v in marker.objects.values()}
-        for n in names:
-            if n not in ours and n.split("/")[0] != ATTEMPTS:
-                return n
-        return None
-    if any(m in present for m in LEGACY_MARKERS):
+    if any(m in names for m in LEGACY_MARKERS):
         return None
     return names[0]
-
-
-def previous_generation(final: Location) -> Optional[Marker]:
-    """The files of the output ``final`` that a commit replaces: its marker's, or, for an output of
-    before ``_COMPLETE`` (:data:`LEGACY_MARKERS`), every file in it; None when it has neither."""
-    marker = read_marker(final)
-    if marker is not None:
-        return Marker(marker.job, tuple(sorted({*marker.files, *marker.replaced})), marker.objects)
-    names = _relative_files(final)
-    if any(m in names for m in LEGACY_MARKERS):
-        return Marker("", tuple(names))
-    return None
 
 
 def refuse_foreign(final: Location) -> None:

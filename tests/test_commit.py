@@ -192,8 +192,8 @@ def _put(loc: fs.Location, names: list[str]) -> None:
 def test_only_an_absent_empty_or_committed_output_of_ours_is_replaced(store_root):
     """A folder (prefix) that holds anything no marker of ours lists is refused in one line naming
     it and its first foreign file, and nothing in it changes; absent, empty and committed outputs
-    are replaced; a committed output someone put a file into is refused too; an ingestion's output
-    of before ``_COMPLETE`` (its ``_report.json``) counts as ours."""
+    are replaced whole (files put into a committed output since included); an ingestion's output of
+    before ``_COMPLETE`` (its ``_report.json``) counts as ours."""
     root = fs.location(store_root)
     user = root.child("data")
     _put(user, ["nano_dy.root", "other.root", "sub/notes.txt"])
@@ -217,9 +217,10 @@ def test_only_an_absent_empty_or_committed_output_of_ours_is_replaced(store_root
     with output_job(ours) as job:
         job.write_bytes("y.txt", b"2")
     assert _names(str(ours)) == ["_COMPLETE", "y.txt"]
-    fs.write_bytes(ours.child("mine.txt"), b"user's")
-    with pytest.raises(BadInputError, match="it holds mine.txt"):
-        OutputJob(ours).begin()
+    fs.write_bytes(ours.child("sub/put-in-later.txt"), b"x")        # our output, whatever was put into it
+    with output_job(ours) as job:
+        job.write_bytes("z.txt", b"3")
+    assert _names(str(ours)) == ["_COMPLETE", "z.txt"]
     legacy = root.child("legacy")
     _put(legacy, ["_report.json", "_schema.json", "part-00000.parquet"])
     with output_job(legacy) as job:
