@@ -11,7 +11,7 @@ a copy of what ``make run`` and ``make run-images`` write, made smaller here) an
 * runs in its dry form when ``DRY_RUN`` lists it with the reason (longer than a minute): a job
   with ``--dry-run``; a make target with ``make -n`` and the ``--dry-run`` of the job lines of its
   recipe; pytest with ``--collect-only``; a benchmark's ``--help``, which must list every option the
-  page uses; ``pipeline.contracts`` with ``--check``;
+  page uses; ``pipeline.contracts`` and ``scripts/lock_current.sh`` with ``--check``;
 * is not run when ``NOT_RUN`` lists it with the reason (an example host or bucket, a server that
   runs until stopped, a GPU, a placeholder), or when it is a template (``<name>``, ``...``,
   ``[--option X]``).
@@ -86,6 +86,8 @@ DRY_RUN = {
     re.compile(r"^\.venv/bin/python -m jobs\.experiment --config configs/"): "a study: several trainings (minutes to hours)",
     re.compile(r"^\.venv/bin/python -m jobs\.tune --config configs/"): "a search: several trainings (minutes)",
     ".venv/bin/spark-submit jobs/simulate.py --config configs/simulate.yaml --set events=20000": "60,000 events",
+    "bash scripts/lock_current.sh": "resolves the current environment against the package registry (about a "
+                                    "minute) and rewrites the lock: its --check of the lock runs instead",
     ".venv/bin/spark-submit jobs/train.py --config configs/train/slowmo.yaml --launcher torch":
         "TorchDistributor, 4 epochs of LeNet-5 on 2 workers: over a minute on 2 cores",
 }
@@ -168,7 +170,7 @@ def _dry_forms(command: str) -> list[str]:
         return [f"{command} --collect-only -q"]
     if re.match(r"^\.venv/bin/python bench/\w+\.py", command):
         return [" ".join(command.split()[:2]) + " --help"]
-    if "-m pipeline.contracts" in command:
+    if "-m pipeline.contracts" in command or command == "bash scripts/lock_current.sh":
         return [f"{command} --check"]
     if _JOB.search(command):
         return [f"{command} --dry-run"]
