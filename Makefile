@@ -44,10 +44,10 @@ run-images: setup
 
 ## make test: the whole suite (CI, design-card environment); make test-fast: without the slow, e2e and cluster tiers
 test: setup services
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=15
 
 test-fast: setup services
-	$(PY) -m pytest tests -m "not slow and not e2e and not cluster"
+	$(PY) -m pytest tests -m "not slow and not e2e and not cluster" --durations=15
 
 ## make test-current: the current environment's fast tier (without needs_petastorm, needs_horovod) and the
 ## HEP (launcher torch) and image (launcher local) pipelines end to end

@@ -68,3 +68,27 @@ def mnist_csv() -> Path:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+# ---------------------------------------------------------------------------- the tiers' time
+#: a test's tier is its heaviest marker (make test-fast runs the tests of none of them)
+TIERS = ("cluster", "e2e", "slow")
+_tier_seconds: dict[str, float] = {}
+_tier_counts: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add each test's setup, call and teardown time to its tier."""
+    markers = set(getattr(report, "keywords", {}) or {})
+    tier = next((t for t in TIERS if t in markers), "fast")
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    if report.when == "call":
+        _tier_counts[tier] = _tier_counts.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line: the seconds each tier took in this run (CI prints it, docs/benchmarks.md records it)."""
+    if _tier_seconds:
+        parts = [f"{t} {_tier_seconds[t]:.0f} s ({_tier_counts.get(t, 0)} tests)"
+                 for t in ("fast", *reversed(TIERS)) if t in _tier_seconds]
+        terminalreporter.write_line("tier times: " + ", ".join(parts))
