@@ -3,8 +3,8 @@ and is stopped (``os._exit``) right after its n-th step (``PIPELINE_TEST_COMMIT_
 then reads the output with the stage's own readers, which must find the old or the new output
 complete, and a rerun must succeed.
 
-A generation is ``{name: bytes}``: names ending in ``.parquet`` are written by task attempts (one
-attempt per file, as Spark tasks write them), the others by the driver, as the stages do.
+A generation is ``{name: bytes}``: names ending in ``.parquet`` or ``.root`` are written by task
+attempts (one attempt per file, as Spark tasks write them), the others by the driver, as the stages do.
 
 Run as a script: ``python tests/commit_drills.py`` with a JSON object on standard input: ``out``
 and ``files`` (name -> base64); exit 57 when stopped (``PIPELINE_TEST_COMMIT_KILL``).
@@ -23,19 +23,22 @@ REPO = Path(__file__).resolve().parents[1]
 KILLED = 57
 
 
+TASK_FILES = (".parquet", ".root")
+
+
 def commit_generation(out: str, files: dict[str, bytes]) -> None:
     from pipeline.commit import output_job
 
     with output_job(out) as job:
         records = []
         for i, (name, data) in enumerate(sorted(files.items())):
-            if name.endswith(".parquet"):
+            if name.endswith(TASK_FILES):
                 attempt = job.target.attempt(stage=1, partition=i, attempt=0, task_attempt_id=i)
                 attempt.write_bytes(name, data)
                 records.append(attempt.record())
         job.add(records)
         for name, data in sorted(files.items()):
-            if not name.endswith(".parquet"):
+            if not name.endswith(TASK_FILES):
                 job.write_bytes(name, data)
 
 
