@@ -299,21 +299,12 @@ NAMES = {"ingest": "events", "features": "features", "shard": "shards", "simulat
          "images": "dataset", "train": "train"}
 
 
-# shard on S3 finds a mix: load_manifest (pipeline/shards/manifest.py) reads ``<out>/manifest.json`` by
-# its key (is_file, read_bytes), not where the output's marker says it lies (pipeline.committed.resolve,
-# as read_json does): after a stop it reads the other generation's manifest beside the marker's
-# worker files; strict: remove the mark once load_manifest resolves the file through the marker
-_KNOWN = {("shard", "s3"): pytest.mark.xfail(strict=True, raises=AssertionError,
-                                            reason="load_manifest reads manifest.json by key, not through the marker")}
-
-
 # slow (several minutes on 2 busy cores): it needs real outputs of six stages (ingest_root, features,
 # shard, simulate, ingest_images and train, twice each, all but train on Spark), and every one of the
 # drills' stops is a Python process of its own (a stop is the committing driver's os._exit), several
 # dozen per stage, each about 1 s longer on S3 (the client's start): S3 only for features and shard
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,storage", [pytest.param(s, st, marks=_KNOWN.get((s, st), ()))
-                                           for st, ss in (("local", STAGES), ("s3", ON_S3)) for s in ss])
+@pytest.mark.parametrize("stage,storage", [(s, st) for st, ss in (("local", STAGES), ("s3", ON_S3)) for s in ss])
 def test_each_stage_output_stopped_at_any_commit_step_is_read_old_or_new_by_its_readers(stage, storage, request,
                                                                                          tmp_path):
     """Each stage's real output committed over the other generation, the committing process stopped

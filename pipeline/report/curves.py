@@ -18,6 +18,7 @@ from pydantic import Field
 
 from ..config import StageConfig
 from ..errors import BadInputError
+from ..committed import resolve
 from ..fs import Location, check_writable, exists, location, read_bytes, write_bytes
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def load_runs(cfg: ReportConfig) -> list[tuple[str, list[dict]]]:
     for i, run in enumerate(cfg.runs):
         f = _metrics_file(run)
         try:
-            recs = [r for r in (json.loads(x) for x in read_bytes(f).decode().splitlines() if x.strip())
+            recs = [r for r in (json.loads(x) for x in read_bytes(resolve(f)).decode().splitlines() if x.strip())
                     if r.get("split") == cfg.split and r.get("accuracy") is not None]
         except ValueError as e:
             raise BadInputError(f"{f}: not JSON lines ({e})") from None

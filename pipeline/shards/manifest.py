@@ -16,6 +16,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from ..committed import resolve
 from ..errors import BadInputError
 from ..fs import Location, is_dir, is_file, location, read_bytes
 from ..outputs import require_complete, write_json
@@ -131,10 +132,11 @@ def load_manifest(path: str) -> ShardManifest:
     loc = location(path)
     if not loc.is_local:
         require_complete(str(Location(loc.scheme, posixpath.dirname(loc.path))), "shard directory")
-    if not is_file(loc):
+    src = resolve(loc)           # where the committed manifest lies (its output's marker says)
+    if not is_file(src):
         raise BadInputError(f"shard manifest not found: {loc}")
     try:
-        raw = json.loads(read_bytes(loc))
+        raw = json.loads(read_bytes(src))
     except json.JSONDecodeError as e:
         raise BadInputError(f"{loc}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except UnicodeDecodeError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..committed import resolve
 from ..fs import Location, delete_tree, exists, read_bytes, write_bytes
 from ..outputs import COMPLETE_MARKER
 
@@ -37,7 +38,7 @@ class RemoteOutput:
         with ``optional`` a missing file is skipped. Returns the files copied."""
         got = []
         for rel in rels:
-            src = self.at(rel)
+            src = resolve(self.at(rel))      # a file of a committed output: where its marker says
             if optional and not exists(src):
                 continue
             dest = Path(local_root) / rel

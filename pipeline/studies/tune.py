@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import StageConfig
 from ..errors import ConfigError
+from ..committed import resolve
 from ..fs import Location, exists, location, write_bytes
 from ..outputs import write_json
 from ..train.config import TrackingConfig
@@ -270,7 +271,7 @@ def _run_trials_task(batches):
                 cfg = TrainConfig.model_validate_json(row["config"])
                 train(cfg)
                 out = location(cfg.output, output=True)
-                files = {k: read_bytes(out.child(name)).decode() for k, name in _RESULT_FILES.items()}
+                files = {k: read_bytes(resolve(out.child(name))).decode() for k, name in _RESULT_FILES.items()}
             except Exception as e:  # noqa: BLE001 - reported to the driver, the other trials go on
                 err = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}"
             yield pa.RecordBatch.from_pylist(
