@@ -97,8 +97,9 @@ class TrainConfig(StageConfig):
     manifest: str = Field("runs/hep/shards/manifest.json", description="shard manifest.json written by the shard stage")
     output: str = Field("runs/hep/train", description="output directory: metrics.jsonl, summary.json, model.pt")
     checkpoint_dir: Optional[str] = Field(None, description="checkpoints (default: <output>-checkpoints next to output)")
-    launcher: Literal["horovod", "torch", "local"] = Field(
-        "horovod", description="horovod (horovod.spark.run, gloo) | torch (TorchDistributor) | local (no Spark)")
+    launcher: Literal["horovod", "torch", "local", "inprocess"] = Field(
+        "horovod", description="horovod (horovod.spark.run, gloo) | torch (TorchDistributor) | local (no Spark) | "
+                               "inprocess (the workers as ranks on threads of one process; synchronous algorithms)")
     workers: Optional[int] = Field(None, gt=0, description="number of workers; default and must-match: the manifest's")
     torch_local_mode: bool = Field(False, description="TorchDistributor local_mode (processes on the driver)")
     model: Literal["lenet5", "resnet20", "hlf", "gru", "inclusive"] = Field(
@@ -197,6 +198,9 @@ class TrainConfig(StageConfig):
         from .algorithms.eawild import check_moving_rate  # EA-wild: alpha = lr x rho in (0, 1)
 
         check_moving_rate(self)
+        if self.launcher == "inprocess" and self.augment != "none":
+            raise ConfigError(f"invalid config value augment={self.augment!r} with launcher='inprocess': the ranks "
+                              "share the process's random generators; use launcher local for augmented runs")
         if self.fresh_start and self.resume is not False:
             raise ConfigError(f"invalid config value fresh_start=True with resume={self.resume!r}: fresh_start "
                               "deletes the checkpoints that resume would continue from; use one of them")

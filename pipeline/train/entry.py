@@ -33,8 +33,8 @@ def worker_entry(cfg_json: str, backend: str, plan: dict, out_dir: str, ckpt_dir
     kind = device_kind(cfg.device, torch.cuda.is_available())
     comm = make_communicator(backend, bucket_bytes=int(cfg.bucket_mb * (1 << 20)), device_kind=kind,
                              bind_address=cfg.bind_address)
-    # "local" runs a single worker inside the caller's process: never end that process
-    dog = Watchdog(cfg.stall_timeout if backend != "local" else 0, comm.rank)
+    # "local" (one worker) and "inprocess" run inside the caller's process: never end that process
+    dog = Watchdog(cfg.stall_timeout if backend not in ("local", "inprocess") else 0, comm.rank)
     w: Optional[Worker] = None
     try:
         device = current_device(cfg.device, comm.local_rank, assigned_gpu)

@@ -283,6 +283,37 @@ def _run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0
     return _local_outcome(world, results, errors, lost, WorkerLost)
 
 
+def _run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
+    """The M workers as ranks on threads of this process (:mod:`.comm.inprocess`): no process starts,
+    no sockets. Raises the first failed rank's error (a rank that stopped because another failed is
+    not reported)."""
+    import threading
+
+    from .comm.inprocess import InProcessWorld, PeerFailed, bind
+    from .entry import worker_entry
+    from .restart import WorkerLost
+
+    meeting = InProcessWorld(world, timeout_s=max(60.0, float(timeout_s)))
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        bind(meeting, rank)
+        try:
+            results[rank] = worker_entry(*args)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[rank] = e
+            meeting.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    roots = {r: e for r, e in errors.items() if not isinstance(e, PeerFailed)}
+    return _local_outcome(world, results, roots or errors, {}, WorkerLost)
+
+
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 
 
@@ -378,8 +409,11 @@ def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark
     Rank 0's progress and validation lines are shown by this driver (``progress.relay``)."""
     from .progress import relay
 
-    backend = {"horovod": "horovod", "torch": "torch", "local": "local"}[cfg.launcher]
+    backend = {"horovod": "horovod", "torch": "torch", "local": "local", "inprocess": "inprocess"}[cfg.launcher]
     args = (cfg.model_dump_json(), backend, plan, out_dir, ckpt_dir)
+    if cfg.launcher == "inprocess":
+        with relay(True, cfg.bind_address or "127.0.0.1"):
+            return _run_inprocess(args, plan["workers"], cfg.start_timeout + cfg.stall_timeout)
     if cfg.launcher == "local":
         with relay(True, cfg.bind_address or "127.0.0.1"):
             return _run_local(args, plan["workers"], host=cfg.bind_address)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -47,6 +48,10 @@ from .optimizers import make_optimizer
 from .progress import emit
 
 log = logging.getLogger(__name__)
+
+
+#: held while a worker seeds the global generators and draws its model's initial weights from them
+_GLOBAL_RNG = threading.Lock()
 
 
 def seed_everything(seed: int) -> None:
@@ -134,8 +139,9 @@ class Worker:
             raise BadInputError(f"{cfg.manifest}: {self.manifest.num_workers} worker shards but {self.world} workers")
         self.shard = self.manifest.workers[self.rank]
         self.scaling = load_scaling(plan.scaling)
-        seed_everything(cfg.seed)
-        self.model = build_model(cfg.model, plan.num_classes, plan.shape, init=cfg.init).to(device)
+        with _GLOBAL_RNG:    # ranks on threads of one process (inprocess) share the global generators
+            seed_everything(cfg.seed)
+            self.model = build_model(cfg.model, plan.num_classes, plan.shape, init=cfg.init).to(device)
         with comm.stats_paused():
             comm.broadcast_(list(self.model.state_dict().values()), root=0)
         self.optimizer = make_optimizer(cfg, self.model.parameters(), switch_step=plan.warmup_steps)

@@ -1,7 +1,7 @@
 """Communication layer: one interface (base.Communicator), several backends, and the transport of
 the asynchronous algorithms.
 
-``make_communicator("horovod" | "torch" | "local", device_kind=...)`` builds the backend a
+``make_communicator("horovod" | "torch" | "local" | "inprocess", device_kind=...)`` builds the backend a
 launcher asks for; backend modules are imported lazily so that using one never imports the
 others. ``device.py`` resolves a worker's device and the torch.distributed backend that
 follows from it; ``rendezvous.py`` decides where the sockets listen and serves the rendezvous
@@ -29,4 +29,8 @@ def make_communicator(kind: str, bucket_bytes: int = 4 << 20, device_kind: str =
         from .local import LocalCommunicator
 
         return LocalCommunicator()
-    raise ValueError(f"unknown communicator {kind!r} (horovod | torch | local)")
+    if kind == "inprocess":
+        from .inprocess import current
+
+        return current(device_kind)
+    raise ValueError(f"unknown communicator {kind!r} (horovod | torch | local | inprocess)")

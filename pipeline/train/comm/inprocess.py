@@ -1,0 +1,197 @@
+"""The M workers as ranks of one process: a communicator over threads (the ``inprocess`` launcher).
+
+Every worker runs the unchanged worker code (:func:`~pipeline.train.entry.worker_entry`) on a thread
+of its own; the ranks meet in an :class:`InProcessWorld`, which holds one rendezvous per group of
+ranks and one mailbox per ordered pair. What a collective computes is what the real backends
+compute, in a fixed order, so every rank ends a collective with the same values:
+
+* ``allreduce_mean_``: the ranks' tensors summed in rank order, then divided by the group's size
+  (torch.distributed's ``all_reduce(SUM)`` followed by ``div_``; for two ranks the same floats);
+* ``broadcast_``, ``allgather_``, ``barrier``: as their definitions say; ``exchange``: the partner's
+  tensors, only the two partners calling (``collective_exchange`` False, as torch.distributed);
+* ``stats``: the payload bytes the real backends count for the same call.
+
+There is no point-to-point channel (``point_to_point`` False): the asynchronous algorithms are
+refused with this launcher (``pipeline.train.algorithms.async_common.check_launcher``). A rank that
+fails breaks every rendezvous, so the other ranks stop at their next collective with
+:class:`PeerFailed` instead of waiting; the launcher reports the rank that failed first.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .base import Communicator, Group, nbytes
+
+_current = threading.local()
+
+
+class PeerFailed(RuntimeError):
+    """Another rank of the process failed: this rank's collective cannot complete."""
+
+
+class _Room:
+    """One group's rendezvous: each member puts its payload, all take the list in rank order."""
+
+    def __init__(self, ranks: tuple[int, ...], timeout_s: float) -> None:
+        self.ranks = ranks
+        self.barrier = threading.Barrier(len(ranks), timeout=timeout_s)
+        self.slots: list[Any] = [None] * len(ranks)
+
+    def gather(self, rank: int, payload: Any) -> list[Any]:
+        i = self.ranks.index(rank)
+        self.slots[i] = payload
+        try:
+            self.barrier.wait()
+            out = list(self.slots)
+            self.barrier.wait()          # nobody overwrites a slot before every member has read them
+        except threading.BrokenBarrierError:
+            raise PeerFailed(f"rank {rank}: another rank of the in-process world failed") from None
+        return out
+
+
+class InProcessWorld:
+    """The meeting place of the ranks of one in-process run."""
+
+    def __init__(self, size: int, timeout_s: float = 600.0) -> None:
+        if size < 1:
+            raise ValueError(f"an in-process world needs at least one rank, got {size}")
+        self.size, self.timeout_s = int(size), float(timeout_s)
+        self._lock = threading.Lock()
+        self._rooms: dict[tuple[int, ...], _Room] = {}
+        self._mail: dict[tuple[int, int], queue.Queue] = {}
+        self.failed = threading.Event()
+
+    def room(self, ranks: tuple[int, ...]) -> _Room:
+        with self._lock:
+            if self.failed.is_set():
+                raise PeerFailed("another rank of the in-process world failed")
+            if ranks not in self._rooms:
+                self._rooms[ranks] = _Room(ranks, self.timeout_s)
+            return self._rooms[ranks]
+
+    def mailbox(self, src: int, dst: int) -> queue.Queue:
+        with self._lock:
+            return self._mail.setdefault((src, dst), queue.Queue())
+
+    def abort(self) -> None:
+        """A rank failed: every rendezvous breaks, so no rank waits for it."""
+        self.failed.set()
+        with self._lock:
+            rooms = list(self._rooms.values())
+        for r in rooms:
+            r.barrier.abort()
+
+
+def bind(world: InProcessWorld, rank: int) -> None:
+    """Make the calling thread rank ``rank`` of ``world`` (what ``make_communicator("inprocess")``
+    then returns a communicator for)."""
+    _current.world, _current.rank = world, int(rank)
+
+
+def current(device_kind: str = "cpu") -> "InProcessCommunicator":
+    world = getattr(_current, "world", None)
+    if world is None:
+        raise RuntimeError("the inprocess communicator is made on a thread the inprocess launcher started")
+    return InProcessCommunicator(world, _current.rank, device=device_kind)
+
+
+class InProcessCommunicator(Communicator):
+    collective_exchange = False
+    point_to_point = False
+
+    def __init__(self, world: InProcessWorld, rank: int, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        if not 0 <= rank < world.size:
+            raise ValueError(f"rank {rank} outside the in-process world of {world.size}")
+        self._world, self._rank = world, int(rank)
+        self.device = torch.device(device)
+        self._host: Optional[InProcessCommunicator] = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world.size
+
+    def host(self) -> Communicator:
+        if self.device.type == "cpu":
+            return self
+        if self._host is None:
+            self._host = InProcessCommunicator(self._world, self._rank, "cpu")
+            self._host.stats = self.stats      # one account of the worker's traffic
+        return self._host
+
+    def new_group(self, ranks: Sequence[int]) -> Group:
+        key = tuple(sorted(int(r) for r in ranks))
+        if not key or key[0] < 0 or key[-1] >= self.world_size:
+            raise ValueError(f"in-process world has ranks 0..{self.world_size - 1}, got group {list(ranks)}")
+        return Group(key, self._world.room(key))
+
+    def _room(self, group: Optional[Group]) -> _Room:
+        if group is None:
+            return self._world.room(tuple(range(self.world_size)))
+        return group.handle if isinstance(group.handle, _Room) else self._world.room(group.ranks)
+
+    def allreduce_mean_(self, tensors: Sequence[torch.Tensor], group: Optional[Group] = None) -> None:
+        tensors = list(tensors)
+        self.check_device("allreduce_mean_", tensors)
+        if not tensors or (group is not None and group.size == 1):
+            return
+        room = self._room(group)
+        with self._timed(nbytes(tensors)):
+            parts = room.gather(self._rank, [t.detach().clone() for t in tensors])
+        size = len(room.ranks)
+        for i, t in enumerate(tensors):
+            acc = parts[0][i].clone()
+            for p in parts[1:]:
+                acc += p[i]
+            if acc.is_floating_point() or acc.is_complex():
+                acc.div_(size)
+            else:
+                acc = torch.div(acc, size, rounding_mode="floor")
+            t.copy_(acc)
+
+    def broadcast_(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+        tensors = list(tensors)
+        self.check_device("broadcast_", tensors)
+        mine = [t.detach().clone() for t in tensors] if self._rank == root else None
+        with self._timed(nbytes(tensors) if self._rank == root else 0):
+            parts = self._room(None).gather(self._rank, mine)
+        if self._rank != root:
+            for t, src in zip(tensors, parts[root]):
+                t.copy_(src)
+
+    def exchange(self, tensors: Sequence[torch.Tensor], partner: Optional[int]) -> Optional[list[torch.Tensor]]:
+        tensors = list(tensors)
+        self.check_device("exchange", tensors)
+        if partner is None:
+            return None
+        if not (0 <= partner < self.world_size) or partner == self._rank:
+            raise ValueError(f"invalid exchange partner {partner} for rank {self._rank}")
+        with self._timed(nbytes(tensors)):
+            self._world.mailbox(self._rank, partner).put([t.detach().clone() for t in tensors])
+            box = self._world.mailbox(partner, self._rank)
+            while True:
+                try:
+                    return box.get(timeout=1.0)
+                except queue.Empty:
+                    if self._world.failed.is_set():
+                        raise PeerFailed(f"rank {self._rank}: another rank of the in-process world failed") from None
+
+    def barrier(self) -> None:
+        with self._timed(0):
+            self._room(None).gather(self._rank, None)
+
+    def allgather_(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        self.check_device("allgather_", [tensor])
+        if tensor.dim() < 1:
+            raise ValueError("allgather_ needs a tensor of at least one dimension")
+        with self._timed(tensor.numel() * tensor.element_size()):
+            parts = self._room(None).gather(self._rank, tensor.detach().clone())
+        return [p.clone() for p in parts]
