@@ -1,0 +1,150 @@
+"""The launchers that start the workers on this machine without Spark: ``local`` (one process per
+worker, joined by torch.distributed over loopback) and ``inprocess`` (the workers as ranks on
+threads of the calling process, :mod:`.comm.inprocess`). Both report like the Spark launchers:
+rank-ordered results, or the first failed rank's error."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from typing import Any, Optional
+
+from .comm.ports import free_port
+
+
+def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": host, "MASTER_PORT": str(port)})
+    from .entry import worker_entry
+
+    try:
+        queue.put((rank, worker_entry(*args), None))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        try:
+            pickle.dumps(e)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle travels as text
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        queue.put((rank, None, e))
+
+
+def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5,
+               host: Optional[str] = None) -> list[dict]:
+    """M local processes joined by torch.distributed (gloo). A process that dies without a
+    result (killed, out of memory) is noticed within ``poll_s``; once one rank failed, the others
+    get ``grace_s`` to finish or fail before they are terminated. Raises the first rank's bad-input
+    error as it is, :class:`~pipeline.train.restart.WorkerLost` for a dead process, else a
+    RuntimeError naming every failed rank."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    from .entry import worker_entry
+    from .restart import WorkerLost
+
+    if world == 1:
+        cfg_json, _, plan, out, ck = args
+        return [worker_entry(cfg_json, "local", plan, out, ck)]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    host = host or "127.0.0.1"   # every worker on this machine: the rendezvous listens on loopback by default
+    port = free_port(host)
+    argv = (args[0], "torch") + tuple(args[2:])
+    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    lost: dict[int, int] = {}
+    first_failure = None
+    try:
+        while len(results) + len(errors) + len(lost) < world:
+            try:
+                rank, res, err = queue.get(timeout=poll_s)
+                if err is None:
+                    results[rank] = res
+                else:
+                    errors[rank] = err
+                    first_failure = first_failure or time.monotonic()
+                continue
+            except queue_mod.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in results and r not in errors and r not in lost and p.exitcode not in (None, 0):
+                    lost[r] = p.exitcode
+                    first_failure = first_failure or time.monotonic()
+            if first_failure is not None and time.monotonic() - first_failure > grace_s:
+                break
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        queue.close()
+    return local_outcome(world, results, errors, lost, WorkerLost)
+
+
+def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
+    """The M workers as ranks on threads of this process (:mod:`.comm.inprocess`): no process starts,
+    no sockets. Raises the first failed rank's error (a rank that stopped because another failed is
+    not reported)."""
+    import threading
+
+    from .comm.inprocess import InProcessWorld, PeerFailed, bind
+    from .entry import worker_entry
+    from .restart import WorkerLost
+
+    meeting = InProcessWorld(world, timeout_s=max(60.0, float(timeout_s)))
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        bind(meeting, rank)
+        try:
+            results[rank] = worker_entry(*args)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[rank] = e
+            meeting.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    roots = {r: e for r, e in errors.items() if not isinstance(e, PeerFailed)}
+    return local_outcome(world, results, roots or errors, {}, WorkerLost)
+
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+def local_outcome(world, results, errors, lost, lost_cls) -> list[dict]:
+    from ..errors import PipelineError
+
+    for r in sorted(errors):
+        if isinstance(errors[r], PipelineError):
+            raise errors[r]
+    # a peer's broken connection is a consequence of another failure: report the root one
+    root = {k: e for k, e in errors.items() if not any(m in str(e) for m in _PEER_LOST)}
+    if lost:
+        r = min(lost)
+        code = lost[r]
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exit code {code}"
+        others = "; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(root.items()))
+        raise lost_cls(f"rank {r}: worker process died ({how})" + (f"; then {others}" if others else ""), rank=r)
+    root = root or errors
+    if len(root) == 1:
+        raise next(iter(root.values()))
+    if root:
+        raise RuntimeError("; ".join(f"rank {k}: {type(e).__name__}: {e}" for k, e in sorted(root.items())))
+    missing = [r for r in range(world) if r not in results]
+    if missing:
+        raise lost_cls(f"ranks {missing} gave no result", rank=missing[0])
+    return [results[r] for r in range(world)]
+
+
