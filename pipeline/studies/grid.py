@@ -195,8 +195,9 @@ def resolve_run(spec: StudyConfig, base: dict, cell: Cell, seed: int, where: Opt
 def plan_study(spec: StudyConfig) -> StudyPlan:
     """Expand and validate the whole study (its tiny version when ``spec.tiny``); raises ConfigError
     naming the first bad item."""
-    if spec.tiny:
-        from .tiny import shrink
+    tiny = spec.tiny
+    if tiny:
+        from .tiny import in_one_process, shrink
 
         spec = shrink(spec)
     cls = RUN_CONFIGS[spec.workflow]
@@ -216,5 +217,6 @@ def plan_study(spec: StudyConfig) -> StudyPlan:
     cells = expand_cells(spec)
     plan = StudyPlan(spec, cells, find_baselines(spec, cells), spec.seed_list(), base)
     for cell, seed in plan.runs:
-        plan.configs[(cell.key, seed)] = resolve_run(spec, base, cell, seed)
+        cfg = resolve_run(spec, base, cell, seed)
+        plan.configs[(cell.key, seed)] = in_one_process(cfg) if tiny else cfg
     return plan

@@ -9,7 +9,10 @@ keeps matching); training stops after
 ``IMAGES["ingest.limit"]`` records (Fashion-MNIST: its 10,000 test images, then 10,000 training images);
 HEP studies generate ``HEP["events_per_class"]`` events per class and train with a batch of
 ``HEP["train.batch_size"]`` per worker (the shards of many workers are small). What stays: the workers,
-layouts, algorithms, optimizers and schedules of every kept cell.
+layouts, algorithms, optimizers and schedules of every kept cell. A tiny run whose algorithm is
+synchronous and whose batches are not augmented runs its workers as ranks of one process
+(``launcher: inprocess``, :func:`in_one_process`: the same run as the local launcher's, without
+starting a process per worker); the others keep their launcher.
 """
 from __future__ import annotations
 
@@ -19,6 +22,17 @@ TRAIN: dict[str, Any] = {"train.max_steps": 4, "train.eval_every": 2, "train.pro
                          "train.checkpoint_every": 0}
 IMAGES: dict[str, Any] = {"ingest.limit": 20000}
 HEP: dict[str, Any] = {"events_per_class": 300, "train.batch_size": 8}
+
+
+def in_one_process(cfg):
+    """The run config ``cfg`` (a workflow's) with ``train.launcher: inprocess`` where its algorithm
+    runs there (synchronous, no augmentation); ``cfg`` itself otherwise."""
+    from ..train.algorithms.async_common import ASYNC_ALGORITHMS, base_algorithm
+
+    t = cfg.train
+    if t.augment != "none" or base_algorithm(t.algorithm.name, t.algorithm.params)[0] in ASYNC_ALGORITHMS:
+        return cfg
+    return cfg.model_copy(update={"train": t.model_copy(update={"launcher": "inprocess"})})
 
 
 def shrink(spec):
