@@ -247,6 +247,13 @@ def _umount(where: Path) -> None:
     subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+def _previous_output(out: Path, name: str, text: str) -> None:
+    """A committed output of ours holding one file (its _COMPLETE marker lists it)."""
+    out.mkdir()
+    (out / name).write_text(text)
+    (out / "_COMPLETE").write_text(json.dumps({"format": 2, "job": "0" * 12, "files": [name]}))
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     mnt = tmp_path / "disk"
@@ -258,8 +265,7 @@ def small_disk(tmp_path):
 @pytest.mark.slow
 def test_a_disk_that_fills_during_the_write_leaves_the_previous_output_untouched(tmp_path, shards, small_disk, capsys):
     out = small_disk / "train"
-    out.mkdir()
-    (out / "summary.json").write_text('{"previous": true}\n')
+    _previous_output(out, "summary.json", '{"previous": true}\n')
     rc, err = _cli("train", _train_args(shards, out, "--checkpoint_dir", str(tmp_path / "ck")), capsys)
     assert rc != 0 and len(err) == 1, err
     assert "No space left on device" in err[0] or "write failed" in err[0], err[0]
@@ -273,8 +279,7 @@ def test_an_output_directory_that_is_not_writable(tmp_path, shards, capsys):
     mnt = tmp_path / "ro"
     assert _mount_tmpfs(mnt, "1m"), _NO_MOUNT
     try:
-        (mnt / "train").mkdir()
-        (mnt / "train" / "summary.json").write_text('{"previous": true}\n')
+        _previous_output(mnt / "train", "summary.json", '{"previous": true}\n')
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         out = mnt / "train"
         rc, err = _cli("train", _train_args(shards, out, "--checkpoint_dir", str(tmp_path / "ck")), capsys)
@@ -290,8 +295,7 @@ def test_a_full_disk_under_a_spark_stage_names_the_cause(spark, tmp_path, datase
     """The shard stage's Spark tasks write the parts: the error raised in the Python worker
     reaches the user as its own one line, not as Spark's 'see the stack trace below'."""
     out = small_disk / "shards"
-    out.mkdir()
-    (out / "manifest.json").write_text("{}\n")
+    _previous_output(out, "manifest.json", "{}\n")
     st = os.statvfs(small_disk)
     (small_disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 16 * 1024))  # 16 KiB left
     rc, err = _cli("shard", ["--input", str(dataset), "--output", str(out), "--workers", "2"], capsys)
@@ -314,8 +318,7 @@ def test_a_full_disk_under_the_feature_stage_fails_the_run_not_the_input_file(sp
     for i in range(4):
         shutil.copyfile(delphes_root, src / f"ttbar_{i}.root")
     out = small_disk / "features"
-    out.mkdir()
-    (out / "report.json").write_text("{}\n")
+    _previous_output(out, "report.json", "{}\n")
     st = os.statvfs(small_disk)
     (small_disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - 2 * 1024))  # 2 KiB left
     samples = json.dumps([{"name": "ttbar", "label": 1, "files": [str(src / "*.root")]}])
