@@ -365,6 +365,7 @@ def test_failed_run_keeps_previous_output(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("previous run")
+    (out / "_COMPLETE").write_text(json.dumps({"format": 2, "job": "0" * 12, "files": ["keep.txt"]}))  # ours
     d = _tiny(tmp_path, split=pa.array(["test"] * 10))
     with pytest.raises(BadInputError, match="split='train'"):
         shard(ShardConfig(input=str(d), output=str(out)))

@@ -227,6 +227,7 @@ def test_failed_run_leaves_previous_output(simulated, spark, tmp_path):
     out = tmp_path / "sim"
     out.mkdir()
     (out / "keep.txt").write_text("previous run")
+    (out / "_COMPLETE").write_text(json.dumps({"format": 2, "job": "0" * 12, "files": ["keep.txt"]}))  # ours
     cfg = _cfg(out, events=20, events_per_file=10, processes=["wjets"], pythia={"wjets": ["NoSuch:setting = 3"]})
     with pytest.raises(ConfigError, match="NoSuch:setting"):
         generate(cfg, spark=spark)
