@@ -5,6 +5,7 @@ without faults. Runs in a process of its own (tests/spark_process.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 
@@ -29,9 +30,13 @@ def run_shard(spark, **cfg) -> dict:
     digests = {}
     for d, _, names in os.walk(out):
         for n in names:
+            if n == "_COMPLETE":          # names the job (a new id each run): its file list is checked below
+                continue
             p = os.path.join(d, n)
             text = open(p, "rb").read().replace(out.encode(), b"OUT")       # the manifest names its own paths
             digests[os.path.relpath(p, out)] = hashlib.sha256(text).hexdigest()
+    listed = json.loads(open(os.path.join(out, "_COMPLETE")).read())["files"]
+    assert sorted(listed) == sorted(digests), (listed, sorted(digests))     # the marker lists every file
     return {"files": digests, "failed_tasks": failed_tasks(spark) - before}
 
 
