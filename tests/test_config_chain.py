@@ -174,6 +174,7 @@ def _hlf_shards(root: Path) -> None:
                   n_train_samples=256, row_group_rows=128, eval=ev, workers=workers).write(shards / "manifest.json")
 
 
+@pytest.mark.needs_horovod   # the bare job's launcher is the default, horovod
 def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypatch, capsys, spark):
     """``jobs/train.py`` with no option, in a checkout where ``make run`` ran: the HLF shards under
     runs/hep/shards with the HLF model (the model follows the shards when none is given); where
