@@ -186,3 +186,24 @@ def test_a_study_or_search_work_folder_of_someone_elses_is_refused(tmp_path):
     assert sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
     (user / "study.json").write_text("{}")
     assert open_workspace(str(user), None, None, "runs/x", TrackingConfig(enabled=False), "study.json").out == user
+
+
+def test_a_folder_of_someone_elses_named_as_output_is_refused_before_spark_starts(tmp_path, delphes_root,
+                                                                                  monkeypatch, capsys):
+    """``--output mine`` where mine/ holds a user's file: one line naming it, exit 2, before the stage
+    asks for a Spark session, and the file stays."""
+    from jobs.ingest_root import main
+    from pipeline.ingest.root import stage
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("x")
+
+    def no_spark(*a, **k):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(stage, "get_spark", no_spark)
+    rc = main(["--input", str(delphes_root), "--tree", "Delphes", "--output", str(mine)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("error: ") and "it holds thesis.tex" in err[-1], err
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.tex"]
