@@ -67,9 +67,13 @@ def committed_files(path: str | os.PathLike | Location, suffix: str = "", what: 
     of the enclosing ``_COMPLETE`` marker's list under ``path``, where they lie (objects beside them
     are never read); a local directory without a marker: the files under it. Names with a component
     starting with ``_`` or ``.`` (reports, markers) are left out."""
-    loc = require_complete(path, what)
-    root, marker = _enclosing_marker(loc)
+    loc = location(path)
+    if loc.is_local:
+        require_complete(loc, what)
+    root, marker = _enclosing_marker(loc)          # one walk up to the marker, not a second one
     if marker is None:
+        if not loc.is_local:
+            require_complete(loc, what)            # no marker on the store: incomplete or not found
         names = [posixpath.relpath(f.path, loc.path) for f in list_files(loc)]
         where = {n: loc.child(n) for n in names}
     else:
