@@ -93,3 +93,28 @@ def test_bn_buffers_are_the_running_statistics_of_every_tracking_normalisation_l
     want = [b for m in tracked for b in (m.running_mean, m.running_var)]
     got = bn_buffers(model)
     assert [id(b) for b in got] == [id(b) for b in want]
+
+
+def test_lenet5_bn_normalises_with_its_batch_and_lenet5_stays_as_it_was():
+    """E1's model: BatchNorm after each convolution and hidden dense layer, running statistics taken
+    from the batch in training mode; plain LeNet-5 keeps its parameters (no BatchNorm entries)."""
+    import torch
+
+    from pipeline.train.models import build_model
+
+    plain = build_model("lenet5", 10, {"channels": 1, "height": 28, "width": 28})
+    assert not any("bn" in k for k in plain.state_dict())
+    bn = build_model("lenet5_bn", 10, {"channels": 1, "height": 28, "width": 28})
+    norms = [m for m in bn.modules() if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d))]
+    assert [m.num_features for m in norms] == [6, 16, 120, 84]
+    torch.manual_seed(0)
+    x = torch.randn(8, 1, 28, 28) * 3 + 1
+    bn.train()
+    bn(x)
+    assert float(norms[0].running_mean.abs().sum()) > 0 and int(norms[0].num_batches_tracked) == 1
+    # a batch's output depends on the other samples of the batch in training mode, not in eval mode
+    a = bn(x)[:4]
+    b = bn(x[:4])
+    assert not torch.allclose(a, b)
+    bn.eval()
+    assert torch.allclose(bn(x)[:4], bn(x[:4]), atol=1e-5)

@@ -48,7 +48,8 @@ def finished_study(spark, tmp_path_factory):
     """The tiny study (2 cells x 2 seeds), run once through jobs/experiment.py."""
     tmp = tmp_path_factory.mktemp("study")
     # the digits dataset and its shards are cached by config in a directory shared with test_tune.py
-    cfg = write_yaml(tmp / "tiny.yaml", tiny_study(tmp, data_dir=str(tmp_path_factory.getbasetemp() / "studies_data")))
+    cfg = write_yaml(tmp / "tiny.yaml", tiny_study(tmp, data_dir=str(tmp_path_factory.getbasetemp() / "studies_data"),
+                                                   records=str(tmp / "records")))
     assert experiment.main(["--config", str(cfg)]) == 0
     return cfg, tmp / "tiny"
 
@@ -181,6 +182,8 @@ def test_resuming_a_half_finished_study_runs_only_the_missing_runs(finished_stud
     shutil.rmtree(never)
     shutil.rmtree(killed / "train")
     (killed / "mlflow_run.json").unlink()
+    for r in (killed, never):  # a run killed before it finished has no record
+        (out.parent / "records" / r.parent.name / f"{r.name}.json").unlink()
     stamps = {r: (r / "train" / "summary.json").stat().st_mtime_ns for r in kept}
 
     summary = run_study(load_config(StudyConfig, cfg_path))
@@ -195,6 +198,66 @@ def test_resuming_a_half_finished_study_runs_only_the_missing_runs(finished_stud
     # a third run finds everything finished
     again = run_study(load_config(StudyConfig, cfg_path))
     assert again["trained"] == [] and len(again["skipped"]) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_run_records_carry_a_study_to_another_sitting_and_generate_its_table(finished_study, tmp_path, capsys):
+    """Another sitting (or machine): only the committed records are left, no run directory. The
+    rerun skips every recorded run and reports the same numbers; a record of another config is
+    trained again and replaced; the table generated from the records equals a recomputation."""
+    from pipeline.config import load_config
+    from pipeline.studies import tables
+    from pipeline.studies.records import study_records
+    from pipeline.studies.runner import run_study
+    from pipeline.studies.spec import StudyConfig
+    from pipeline.train.config import TrackingConfig
+
+    cfg_path, out = finished_study
+    records = tmp_path / "results" / "tiny"
+    shutil.copytree(out.parent / "records", records)
+    recs = study_records(records)
+    assert len(recs) == 4 and {(r["cell"], r["seed"]) for r in recs} == {
+        ("lr=0.003", 0), ("lr=0.003", 1), ("lr=0.03", 0), ("lr=0.03", 1)}
+    for r in recs:
+        assert len(r["config_hash"]) == 16 and r["wall_s"] > 0 and r["load_avg"]["after"] is not None
+        assert r["launcher"] == "local" and r["curve"][-1]["split"] == "test"
+    before = pd.read_parquet(out / "results.parquet").sort_values(["cell", "seed"]).reset_index(drop=True)
+
+    spec = load_config(StudyConfig, cfg_path).model_copy(
+        update={"output": str(tmp_path / "elsewhere"), "records": str(records), "tracking": TrackingConfig(enabled=False)})
+    changed = records / recs[0]["cell_key"] / f"seed_{recs[0]['seed']}.json"
+    doc = json.loads(changed.read_text())
+    doc["config_hash"] = "0" * 16    # recorded with another config: trained again
+    changed.write_text(json.dumps(doc))
+    summary = run_study(spec)
+    assert summary["trained"] == [(recs[0]["cell"], recs[0]["seed"])] and len(summary["skipped"]) == 3
+    assert json.loads(changed.read_text())["config_hash"] == recs[0]["config_hash"]
+    other = next(r for r in recs if r["cell_key"] != recs[0]["cell_key"])
+    assert not (tmp_path / "elsewhere" / "runs" / other["cell_key"]).exists()   # never trained here
+    after = pd.read_parquet(tmp_path / "elsewhere" / "results.parquet").sort_values(["cell", "seed"])
+    after = after.reset_index(drop=True)
+    for m in ("test_accuracy", "val_accuracy", "steps"):
+        assert after[m].tolist() == pytest.approx(before[m].tolist()), m
+    assert (tmp_path / "elsewhere" / "plots" / "learning_curves.png").is_file()  # curves from the records
+
+    (records / "table.yaml").write_text(yaml.safe_dump({
+        "metric": "test_accuracy", "source": "src", "row_header": "row",
+        "rows": [{"label": "all", "where": {}}],
+        "columns": [{"label": "lr 0.003", "where": {"train.lr": 0.003}, "source": ["1.00"]},
+                    {"label": "lr 0.03", "where": {"train.lr": 0.03}}],
+        "test": {"against": "lr 0.003", "alternative": "greater"}}))
+    page = tmp_path / "results.md"
+    page.write_text("intro\n<!-- results-table: tiny -->\nold\n<!-- /results-table -->\nend\n")
+    assert tables.main(["--page", str(page), "--results", str(tmp_path / "results"), "--check"]) == 1
+    assert tables.main(["--page", str(page), "--results", str(tmp_path / "results")]) == 0
+    text = page.read_text()
+    row = [ln for ln in text.splitlines() if ln.startswith("| all |")][0].split("|")[2:-1]
+    for col, lr in ((1, 0.003), (2, 0.03)):
+        acc = 100 * after.loc[after["train.lr"] == lr, "test_accuracy"]
+        assert row[col].strip() == f"{acc.mean():.2f} ± {acc.std():.2f} (n = 2)"
+    assert row[0].strip() == "1.00" and text.startswith("intro\n") and text.endswith("end\n")
+    assert tables.main(["--page", str(page), "--results", str(tmp_path / "results"), "--check"]) == 0
 
 
 def test_dry_run_counts_runs_and_distinct_layouts(tmp_path, capsys):
@@ -488,3 +551,24 @@ def test_cifar10_resnet20_recipe_runs_on_the_cpu(spark, tmp_path):
     run = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["algorithm"] == "arsgd" and 0 <= summary["test_accuracy"] <= 1
     assert run["model"] == "resnet20" and run["source"] == "cifar10" and run["rows"] == 128
+
+
+@pytest.mark.parametrize("config", [p for p in SHIPPED_STUDIES if "run_images_haland" in p.read_text()],
+                         ids=lambda p: p.stem)
+def test_haland_studies_give_every_layout_the_disjoint_step_budget(config, tmp_path):
+    """H&B run ceil(E_target / C) overlap epochs; unless C divides E_target an overlap layout gets up
+    to 35% more steps than the disjoint one (the claim under test). Every cell's C divides E_target."""
+    from pipeline.config import load_config
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.runner import data_paths
+    from pipeline.studies.spec import StudyConfig
+
+    plan = plan_study(load_config(StudyConfig, str(config)))
+    copies = set()
+    for cell in plan.cells:
+        cfg = plan.config(cell, plan.seeds[0])
+        shard_cfg = dict((n, c) for n, c, _ in data_paths(cfg, plan.spec.workflow, tmp_path)[1])["shard"]
+        c = shard_cfg.layout().copies
+        copies.add(c)
+        assert cfg.train.epochs % c == 0, f"{cell.name}: E_target={cfg.train.epochs}, C={c}"
+    assert copies  # the study has layouts to check

@@ -17,7 +17,10 @@ dataset or a shard layout is materialised once and reused by every cell, seed an
 needs the same one. Cells run one after another (each needs the whole machine). A run is
 finished when its ``train/summary.json`` exists (training writes its output atomically) and its
 ``run.json`` holds the same config; a rerun of the study skips finished runs, so an interrupted
-study resumes where it stopped.
+study resumes where it stopped. With ``records: results/<name>`` each finished run also leaves a
+record in the repository (:mod:`.records`); a rerun skips the recorded runs even where their run
+directories are gone (another sitting, another machine), and the tables of docs/results.md are
+generated from the records (:mod:`.tables`).
 
 An ``s3://`` output (an S3-compatible object store, :mod:`pipeline.fs`): the study works in a
 local directory (``work_dir``, default ``runs/studies/<name>``: the run configs and result files
@@ -38,7 +41,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..errors import PipelineError
 from ..fs import Location, delete_tree, exists, location, write_bytes
@@ -253,10 +256,14 @@ class _Tracker:
 
 
 def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: RemoteOutput | None = None) -> dict:
-    """Every run in order: skip the finished ones, train the others; a failed run is recorded and
-    the study goes on (its error is in ``<run>/error.txt``). With an object-store output, finished
-    runs are read back from the store and each new one is published when it ends."""
-    done: dict = {"trained": [], "skipped": [], "failed": [], "rows": []}
+    """Every run in order: skip the finished and the recorded ones, train the others; a failed run
+    is recorded and the study goes on (its error is in ``<run>/error.txt``). With an object-store
+    output, finished runs are read back from the store and each new one is published when it ends.
+    With ``records``, each trained run's record is written as soon as it finishes (:mod:`.records`)."""
+    from .records import load_avg, recorded, records_root
+
+    done: dict = {"trained": [], "skipped": [], "failed": [], "rows": [], "records": {}}
+    root = records_root(plan.spec.records)
     for i, (cell, seed) in enumerate(plan.runs, 1):
         tag = f"[study {plan.spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
         rdir = run_dir(out, cell, seed)
@@ -264,8 +271,16 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
         if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
             done["skipped"].append((cell.name, seed))
             log.info("%s: finished earlier, skipped", tag)
+            if root is not None and recorded(root, cell, seed, _run_fingerprint(cfg)) is None:
+                _record(plan, cell, seed, out, root, cfg, None, None)  # finished before records were kept
+        elif (rec := recorded(root, cell, seed, _run_fingerprint(cfg))) is not None:
+            done["skipped"].append((cell.name, seed))
+            done["records"][(cell.name, seed)] = rec
+            done["rows"].append(record_row(plan, cell, seed, rec))
+            log.info("%s: recorded in %s, skipped", tag, root)
+            continue
         else:
-            t1 = time.time()
+            t1, load0 = time.time(), load_avg()
             tracker.discard(out, cell, seed)
             try:
                 s = train_one(plan, cell, seed, out, data_root, spark, remote)
@@ -279,12 +294,37 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
                     remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
                 continue
             done["trained"].append((cell.name, seed))
-            log.info("%s: test accuracy %.4f, %.0f s", tag, s["test_accuracy"], time.time() - t1)
+            wall = time.time() - t1
+            log.info("%s: test accuracy %.4f, %.0f s, load average %s -> %s", tag, s["test_accuracy"], wall,
+                     load0, load_avg())
+            if root is not None:
+                _record(plan, cell, seed, out, root, cfg, wall, load0)
         done["rows"].append(result_row(plan, cell, seed, out, remote))
         tracker.child(plan, cell, seed, out, done["rows"][-1])
         if remote and (cell.name, seed) in done["trained"]:  # run.json last: the run counts as finished
             remote.put_files(out, [f for f in (rdir / "mlflow_run.json", rdir / "run.json") if f.is_file()])
     return done
+
+
+def _record(plan: StudyPlan, cell: Cell, seed: int, out: Path, root: Path, cfg, wall: float, load0) -> None:
+    from .records import write_record
+    from .results import load_curve, run_metrics
+
+    train_dir = run_dir(out, cell, seed) / "train"
+    path = write_record(root, plan.spec.name, cell, seed, _run_fingerprint(cfg),
+                        run_metrics(train_dir, plan.spec.target_accuracy), load_curve(train_dir), wall, load0,
+                        cfg.train.launcher)
+    log.info("[study %s] recorded %s", plan.spec.name, path)
+
+
+def record_row(plan: StudyPlan, cell: Cell, seed: int, rec: dict) -> dict:
+    """A results.parquet row from a run record (the run itself may have been trained elsewhere)."""
+    row: dict = {"study": plan.spec.name, "cell": cell.name, "cell_key": cell.key, "seed": seed,
+                 "baseline": plan.is_baseline(cell)}
+    row.update(cell.factors)
+    row.update(rec["metrics"])
+    row["run_dir"] = ""
+    return row
 
 
 def _failure(plan: StudyPlan, failed: list, report: str) -> Exception:
@@ -308,7 +348,7 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
     spark = spark or get_spark(spec.spark)
     try:
         done = _run_all(plan, out, data_root, spark, tracker, remote)
-        artifacts = write_outputs(plan, done["rows"], out) if done["rows"] else []
+        artifacts = write_outputs(plan, done["rows"], out, done["records"]) if done["rows"] else []
         if remote:
             remote.put_files(out, [out / "study.json", *sorted(artifacts, key=lambda a: a.name == "report.md")])
     except BaseException:
@@ -326,8 +366,9 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
     return summary
 
 
-def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
-    """results.parquet, stats.parquet, report.md and the plots; returns their paths."""
+def write_outputs(plan: StudyPlan, rows: list[dict], out: Path, records: Optional[dict] = None) -> list[Path]:
+    """results.parquet, stats.parquet, report.md and the plots; returns their paths. ``records``:
+    (cell name, seed) -> the run record of a run taken from the records (its curve)."""
     from ..report.study import markdown_report
     from .stats import cell_stats
 
@@ -336,7 +377,7 @@ def write_outputs(plan: StudyPlan, rows: list[dict], out: Path) -> list[Path]:
     _write_parquet(df, out / "results.parquet")
     stats = cell_stats(df, spec.metrics, {c.name: plan.baselines[c.key].name for c in plan.cells})
     _write_parquet(stats, out / "stats.parquet")
-    plots = write_plots(plan, df, out) if spec.plots else []
+    plots = write_plots(plan, df, out, records or {}) if spec.plots else []
     cells = [{"cell": c.name, **{k: v for k, v in c.factors.items()}, "runs": len(plan.seeds),
               "baseline": plan.baselines[c.key].name} for c in plan.cells]
     have = set(zip(df["cell"], df["seed"]))
@@ -365,13 +406,14 @@ def _intro(plan: StudyPlan) -> list[str]:
     return lines
 
 
-def write_plots(plan: StudyPlan, df, out: Path) -> list[Path]:
+def write_plots(plan: StudyPlan, df, out: Path, records: dict) -> list[Path]:
     from ..report.study import plot_learning_curves, plot_speedup
     from .results import load_curve
 
     curves: dict[str, list] = {c.name: [] for c in plan.cells}
     for cell, key, seed in zip(df["cell"], df["cell_key"], df["seed"]):
-        curves[cell].append(load_curve(out / "runs" / key / f"seed_{seed}" / "train"))
+        rec = records.get((cell, int(seed)))
+        curves[cell].append(rec["curve"] if rec else load_curve(out / "runs" / key / f"seed_{seed}" / "train"))
     paths = [plot_learning_curves(curves, out / "plots" / "learning_curves.png", title=f"Study {plan.spec.name}")]
     if "workers" in plan.spec.factors.grid and len(plan.spec.factors.grid["workers"]) > 1:
         paths.append(plot_speedup(speedup_groups(plan, df), out / "plots" / "speedup_vs_workers.png",

@@ -97,6 +97,10 @@ class StudyConfig(StageConfig):
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(enabled=True),
                                      description="MLflow (default: file store <output>/mlruns)")
     plots: bool = Field(True, description="write PNG plots next to report.md")
+    records: Optional[str] = Field(None, description="folder of the run records kept in the repository (a relative "
+                                                     "path is the repository's, e.g. results/<name>): each finished "
+                                                     "run's config hash, seed, metrics, wall time and load average; "
+                                                     "a rerun skips the recorded runs (pipeline/studies/records.py)")
     tiny: bool = Field(False, description="run the study at a tiny size: one seed, two values per factor, a "
                                           "few steps on little data (pipeline/studies/tiny.py)")
 

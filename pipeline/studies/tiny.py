@@ -9,7 +9,8 @@ keeps matching); training stops after
 ``IMAGES["ingest.limit"]`` records (Fashion-MNIST: its 10,000 test images, then 10,000 training images);
 HEP studies generate ``HEP["events_per_class"]`` events per class and train with a batch of
 ``HEP["train.batch_size"]`` per worker (the shards of many workers are small). What stays: the workers,
-layouts, algorithms, optimizers and schedules of every kept cell. A tiny run whose algorithm is
+layouts, algorithms, optimizers and schedules of every kept cell. A tiny run is never recorded
+(``records`` is dropped): its numbers are not results. A tiny run whose algorithm is
 synchronous and whose batches are not augmented runs its workers as ranks of one process
 (``launcher: inprocess``, :func:`in_one_process`: the same run as the local launcher's, without
 starting a process per worker); the others keep their launcher.
@@ -43,4 +44,5 @@ def shrink(spec):
     grid = {k: v[:2] if (i == 0 and first_two) else v[:1] for i, (k, v) in enumerate(f.grid.items())}
     factors = f.model_copy(update={"grid": grid, "variants": f.variants[:1] if first_two else f.variants[:2]})
     fixed = {**spec.fixed, **TRAIN, **(IMAGES if spec.workflow == "images" else HEP)}
-    return spec.model_copy(update={"factors": factors, "fixed": fixed, "seeds": spec.seed_list()[:1], "tiny": False})
+    return spec.model_copy(update={"factors": factors, "fixed": fixed, "seeds": spec.seed_list()[:1], "tiny": False,
+                                 "records": None})

@@ -102,7 +102,7 @@ class TrainConfig(StageConfig):
                                "inprocess (the workers as ranks on threads of one process; synchronous algorithms)")
     workers: Optional[int] = Field(None, gt=0, description="number of workers; default and must-match: the manifest's")
     torch_local_mode: bool = Field(False, description="TorchDistributor local_mode (processes on the driver)")
-    model: Literal["lenet5", "resnet20", "hlf", "gru", "inclusive"] = Field(
+    model: Literal["lenet5", "lenet5_bn", "resnet20", "hlf", "gru", "inclusive"] = Field(
         "lenet5", description="model (when none is given: hlf for shards of HEP features)")
     scaling: Optional[str] = Field(None, description="scaling.json for HEP features (default: next to the manifest's source)")
     epochs: int = Field(8, gt=0, description="target epochs E_target (overlap layouts run ceil(E/C) passes)")
@@ -212,4 +212,4 @@ class TrainConfig(StageConfig):
 
 def features_for(model: str) -> str:
     """Which input the model reads: image | hlf | llf | inclusive."""
-    return {"lenet5": "image", "resnet20": "image", "hlf": "hlf", "gru": "llf", "inclusive": "inclusive"}[model]
+    return {"lenet5": "image", "lenet5_bn": "image", "resnet20": "image", "hlf": "hlf", "gru": "llf", "inclusive": "inclusive"}[model]

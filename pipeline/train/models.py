@@ -2,7 +2,10 @@
 
 * ``LeNet5``: conv(6,5x5) -> pool -> conv(16,5x5) -> pool -> 120 -> 84 -> classes, ReLU,
   max-pooling; inputs smaller than 32x32 are zero-padded in the convolutions (28x28 MNIST
-  behaves like the classic 32x32 input).
+  behaves like the classic 32x32 input). ``lenet5_bn``: the same with BatchNorm after each
+  convolution and each hidden dense layer (before the ReLU): H&B's E1 question is BatchNorm with
+  small local batches, which a network without BatchNorm cannot ask (every worker normalises with
+  the statistics of its own local batch; under AR-SGD only the gradients are averaged).
 * ``ResNet20``: He et al. 2016 CIFAR ResNet (3 stages x 3 basic blocks, 16/32/64 channels,
   option-A identity shortcuts with zero padding), BatchNorm.
 * ``HLFClassifier``: dense 14 -> 50 -> 20 -> 10 -> 3 (ReLU), as in the CERN topology classifier.
@@ -23,25 +26,31 @@ from ..features.layout import N_CLASSES, N_HLF, N_LLF_FEATURES
 
 
 class LeNet5(nn.Module):
-    def __init__(self, in_channels: int = 1, height: int = 28, width: int = 28, num_classes: int = 10):
+    def __init__(self, in_channels: int = 1, height: int = 28, width: int = 28, num_classes: int = 10,
+                 batchnorm: bool = False):
         super().__init__()
         side = min(height, width)
         self.conv1 = nn.Conv2d(in_channels, 6, 5, padding=2 if side < 32 else 0)
         self.conv2 = nn.Conv2d(6, 16, 5, padding=2 if side < 16 else 0)
+        norm2, norm1 = (nn.BatchNorm2d, nn.BatchNorm1d) if batchnorm else (lambda _: nn.Identity(),) * 2
+        self.bn1, self.bn2 = norm2(6), norm2(16)
+        self.eval()  # the shape probe must not touch BatchNorm's running statistics
         with torch.no_grad():
             n = self._features(torch.zeros(1, in_channels, height, width)).shape[1]
+        self.train()
         self.fc1 = nn.Linear(n, 120)
         self.fc2 = nn.Linear(120, 84)
+        self.bn3, self.bn4 = norm1(120), norm1(84)
         self.fc3 = nn.Linear(84, num_classes)
 
     def _features(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
         return torch.flatten(x, 1)
 
     def forward(self, x):
         x = self._features(x)
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+        return self.fc3(F.relu(self.bn4(self.fc2(F.relu(self.bn3(self.fc1(x)))))))
 
 
 class _Block(nn.Module):
@@ -151,8 +160,9 @@ def build_model(name: str, num_classes: int, shape: dict | None = None, init: st
 
 
 def _build(name: str, num_classes: int, shape: dict) -> nn.Module:
-    if name == "lenet5":
-        return LeNet5(shape.get("channels", 1), shape.get("height", 28), shape.get("width", 28), num_classes)
+    if name in ("lenet5", "lenet5_bn"):
+        return LeNet5(shape.get("channels", 1), shape.get("height", 28), shape.get("width", 28), num_classes,
+                      batchnorm=name == "lenet5_bn")
     if name == "resnet20":
         return ResNet20(shape.get("channels", 3), num_classes)
     if name == "hlf":
