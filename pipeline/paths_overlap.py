@@ -42,11 +42,12 @@ def overlaps(a: PathLike, b: PathLike) -> bool:
 
 
 def check_apart(output: PathLike, inputs: Iterable[PathLike], *, output_name: str = "output",
-                input_name: str = "input") -> None:
+                input_name: str = "input", replaces: bool = True) -> None:
     """ConfigError (one line naming both paths, exit 2) when ``output`` overlaps any of ``inputs``;
     BadInputError (one line naming the first foreign file) when a local ``output`` is not ours to
     replace (:func:`pipeline.marker.refuse_foreign`: checked here so that it comes before any work,
-    Spark's start included; an ``s3://`` output is checked when its job begins)."""
+    Spark's start included; an ``s3://`` output is checked when its job begins). ``replaces``
+    false: the output is not replaced (a Delta table a run appends to), so only the overlap is checked."""
     out = location(output)
     for inp in inputs:
         if overlaps(out, inp):
@@ -57,5 +58,5 @@ def check_apart(output: PathLike, inputs: Iterable[PathLike], *, output_name: st
             raise ConfigError(f"{output_name}={out} overlaps {input_name}={inp} (the {input_name} {where} the "
                               f"{output_name}); an output may not lie inside an input nor hold one: choose another "
                               f"{output_name}")
-    if out.is_local and output_name == "output":
+    if out.is_local and output_name == "output" and replaces:
         refuse_foreign(out)

@@ -49,6 +49,12 @@ def simulate(cfg, r: dict, seconds: float) -> str:
 
 def ingest_root(cfg, r: dict, seconds: float) -> str:
     n, bad = len(r["files"]), len(r["bad_files"])
+    if r.get("output_format") == "delta":
+        if r.get("nothing_new"):
+            return f"nothing new ({r['held_files']} input file(s) already in the table) -> {r['output']} version {r['version']}"
+        return (f"{r['rows']} rows from {n - bad} of {n} new file(s) (tree {r['tree']}, {len(r['branches'])} branches; "
+                f"{r['held_files']} input file(s) already in the table) in {seconds:.0f} s -> {r['output']} "
+                f"version {r['version']}")
     return (f"{r['rows']} rows from {n - bad} of {n} file(s) (tree {r['tree']}, {len(r['branches'])} branches, "
             f"schema {r['schema']['name']} v{r['schema']['version']}) in {seconds:.0f} s -> {r['output']} "
             f"[{_out(cfg.output, '_report.json')}]")

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from ...config import StageConfig
 
@@ -70,6 +70,39 @@ class IngestRootConfig(StageConfig):
     file_timeout_s: float = Field(FILE_TIMEOUT_S, gt=0, description="seconds allowed to open one file (and "
                                   "convert it when it is one chunk) and to read one chunk; a file that takes "
                                   "longer is reported as a bad file ('read timed out after N s')")
+
+    output_format: Literal["parquet", "delta"] = Field(
+        "parquet", description="parquet: a Parquet directory replaced whole; delta: a Delta table (delta-rs) that "
+                               "each run commits one version to (docs/ingestion.md#delta-tables)")
+    mode: Literal["overwrite", "append", "new_files"] = Field(
+        "overwrite", description="delta only: overwrite (a version holding only this run's rows), append (add "
+                                 "every input), new_files (add only the inputs the table does not hold yet, known "
+                                 "by path, size and modification time)")
+    on_changed: Literal["skip", "replace", "fail"] = Field(
+        "fail", description="new_files: an input the table holds with another size or modification time is "
+                            "skipped (its old rows kept), replaced (its old rows removed, the file read again) or "
+                            "fails the run")
+    schema_changes: Literal["add_columns", "refuse"] = Field(
+        "add_columns", description="delta: a branch the table lacks joins as a nullable column (add_columns) or "
+                                   "fails the run naming it (refuse); a changed type always fails")
+    partition_by: Optional[str] = Field(None, description="delta: a string column, derived from each input "
+                                        "file's path with partition_value, that partitions the table")
+    partition_value: str = Field(r"([^/]+)/[^/]+$", description="regex whose first group, searched in an input "
+                                 "file's path, is its partition_by value (default: the file's folder name)")
+
+    @model_validator(mode="after")
+    def _delta_keys(self):
+        if self.output_format == "parquet":
+            for key, default in (("mode", "overwrite"), ("partition_by", None)):
+                if getattr(self, key) != default:
+                    raise ValueError(f"{key}={getattr(self, key)} needs output_format=delta")
+        if self.partition_by is not None:
+            try:
+                if re.compile(self.partition_value).groups < 1:
+                    raise ValueError(f"partition_value {self.partition_value!r} needs a group: (...)")
+            except re.error as e:
+                raise ValueError(f"partition_value {self.partition_value!r}: {e}") from None
+        return self
 
     @field_validator("input")
     @classmethod

@@ -133,5 +133,8 @@ def conform(table, schema):
             try:
                 table = table.set_column(i, f.name, table.column(i).cast(f.type))
             except Exception:  # noqa: BLE001
+                from ...tables.types import check_fits
+
+                check_fits(table.select([i]))        # an unsigned value too large for a Delta table's int64
                 raise BadInputError(f"branch {f.name!r} has type {got} here, {f.type} in the first file") from None
     return table.select(schema.names).cast(schema)

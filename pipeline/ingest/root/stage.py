@@ -29,10 +29,13 @@ from ...errors import BadInputError
 from ...fs import location
 from ...paths_overlap import check_apart
 from ...spark import forward_s3_settings, get_spark, spark_task, task_frame
+from ...tables.job import delta_job
+from ...tables.types import delta_schema
 from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
 from .files import resolve_files
 from .planning import Chunk, Plan, chunks_dataframe, plan_chunks
 from .schema import conform, schema_bytes
+from .table import check_partitions, check_table_target, nothing_new, prepare_commit, select_inputs, table_report
 from .tasks import SCAN_FIELDS, STATUS_FIELDS, ingest_partition, part_name, result_ddl, scan_partition
 from .trees import first_line
 from .twopass import FilePlanning, second_pass_chunks
@@ -51,39 +54,78 @@ def plan_ingest_root(cfg: IngestRootConfig) -> dict:
 
 
 def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
-    """Ingest the ROOT files of ``cfg`` into one Parquet directory; returns the run report.
+    """Ingest the ROOT files of ``cfg`` into one Parquet directory, or into a Delta table
+    (``output_format: delta``, :mod:`.table`); returns the run report.
 
     Raises BadInputError (after committing the good files) if a file failed and
     ``allow_bad_files`` is false, or if no file could be read at all.
     """
     t_start = time.time()
     files = resolve_files(cfg.input)
-    check_apart(location(cfg.output, output=True), files)   # before any work: no input inside the output
+    out = location(cfg.output, output=True)
+    delta = cfg.output_format == "delta"
+    check_apart(out, files, replaces=not delta)   # before any work: no input inside the output
+    run = None
+    if delta:
+        check_table_target(out)
+        n_inputs = len(files)
+        run = select_inputs(cfg, files, out)
+        if not run.files:
+            return nothing_new(cfg, run, out, n_inputs)
+        files = run.files
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
                       stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True)
     if ref.schema is None:
         raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
+    if run is not None:
+        check_partitions(cfg, files, ref.branches)
+        ref.schema = delta_schema(ref.schema)           # the types a Delta table stores (no unsigned)
     spark = spark or get_spark(cfg.spark)
-    out = location(cfg.output, output=True)
     if not out.is_local or any(f.startswith("s3://") for f in files):   # the tasks reach the store themselves
         forward_s3_settings(spark)
+    if run is not None:
+        return _ingest_table(spark, cfg, files, ref, run, out, t_start)
     with output_job(out) as job:
         per_file = _run(spark, cfg, files, ref, job)
         n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
         if not any(rel.endswith(".parquet") for rel in job.kept()):
             job.write_table("part-empty.parquet", ref.schema.empty_table())   # readers still see the columns
         report = _report(cfg, ref, per_file, n_rows, str(out), t_start, job)
+    _print_files(per_file)
+    log.info("ingest_root: %d rows from %d good file(s), %d bad -> %s", n_rows,
+             len(per_file) - len(report["bad_files"]), len(report["bad_files"]), report["output"])
+    _raise_bad(cfg, report, len(files), f"{report['output']}/_report.json")
+    return report
+
+
+def _ingest_table(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, run, out, t_start: float) -> dict:
+    """The two passes into a Delta table's job, committed as one log entry (:mod:`pipeline.tables.job`)."""
+    first = next(f.path for f in ref.files if not f.error)
+    with delta_job(out, partition_by=(cfg.partition_by,) if cfg.partition_by else (),
+                   overwrite=cfg.mode == "overwrite", add_columns=cfg.schema_changes == "add_columns") as job:
+        per_file = _run(spark, cfg, files, ref, job)
+        n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
+        prepare_commit(job, cfg, run, ref.schema, first, per_file)
+    report = table_report(job, cfg, run, per_file, n_rows, ref.branches, time.time() - t_start)
+    _print_files(per_file)
+    print(f"{out}: version {job.version}: {n_rows} rows from {len(per_file) - len(report['bad_files'])} new "
+          f"file(s) added ({run.held} input file(s) already in the table)")
+    _raise_bad(cfg, report, len(files), f"the table's version {job.version} record")
+    return report
+
+
+def _print_files(per_file: list[dict]) -> None:
     for f in per_file:
         if not f.get("error"):
             print(f"{f['file']}: {f['entries']} entries read, {f['rows']} rows written in {len(f['parts'])} part(s)")
-    log.info("ingest_root: %d rows from %d good file(s), %d bad -> %s", n_rows,
-             len(per_file) - len(report["bad_files"]), len(report["bad_files"]), report["output"])
+
+
+def _raise_bad(cfg: IngestRootConfig, report: dict, n_files: int, where: str) -> None:
     if report["bad_files"] and not cfg.allow_bad_files:
         b = report["bad_files"][0]
-        raise BadInputError(f"{len(report['bad_files'])} of {len(files)} input file(s) failed (see "
-                            f"{report['output']}/_report.json); {b['file']}: {b['reason']}")
-    return report
+        raise BadInputError(f"{len(report['bad_files'])} of {n_files} input file(s) failed (see {where}); "
+                            f"{b['file']}: {b['reason']}")
 
 
 def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJob) -> list[dict]:

@@ -1,0 +1,269 @@
+"""The commit protocol of :mod:`pipeline.commit`, ending in one Delta log entry.
+
+A :class:`DeltaJob` is an :class:`~pipeline.commit.OutputJob` whose output is a Delta table:
+
+1. **A job-scoped prefix inside the table**, ``<table>/_pipeline/jobs/<job>/`` (hidden from Delta
+   readers and from ``vacuum`` by its leading ``_``); the table stays as it is. Nothing of another
+   job is touched: two jobs may write one table at once.
+2. **Attempt-scoped names**, as for every output: each task attempt writes under
+   ``_attempts/s<stage>-p<partition>-a<attempt>-t<task attempt id>/`` of that prefix, and Spark's
+   results name the files of exactly one successful attempt per task (:meth:`OutputJob.add`).
+3. **The commit.** The kept data files are moved to their names in the table
+   (``[<column>=<value>/]<name>-<job>.parquet``: a rename locally, a copy on an object store), then
+   ONE log entry adds exactly those files (and removes the ones a replaced input held), with the
+   stage's record of its inputs as commit metadata (:mod:`.ledger`). The log entry is created
+   only if its version does not exist yet (delta-rs: a no-replace rename locally, a conditional
+   PUT on S3). If another writer committed first, the commits since are read: when one of them
+   ingested one of this job's inputs or removed a file this job removes, the job fails in one
+   line and nothing of it is committed; otherwise the entry is retried on the new version.
+4. **Exactly once.** The table's contents change only at the log entry, which carries the job's
+   inputs with its files: a job stopped before it leaves files no snapshot names (and its inputs
+   are still new for the next run); a job stopped after it has committed them all.
+
+A stopped job's prefix, and the files it had moved into the table, are deleted by a later job on
+the table once they are older than :data:`STALE_S` (a running job's files are never touched: the
+jobs keep no lock, so only age tells a dead job from a slow one); ``DeltaTable.vacuum`` also
+removes data files no version names.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import time
+from typing import Iterator, Optional
+from urllib.parse import quote
+
+from ..attempts import JobTarget
+from ..commit import OutputJob, _step
+from ..errors import BadInputError
+from ..fs import Location, check_writable, delete_file, delete_tree, list_dirs, read_bytes_if_exists, write_bytes
+from ..marker import foreign_file, read_marker
+from . import deltalog, types
+
+log = logging.getLogger(__name__)
+
+#: where the jobs writing a table keep their prefixes, inside the table
+JOBS_DIR = "_pipeline/jobs"
+#: the names a job moves into the table, written before the first move (for the clean-up of a stopped job)
+MOVING = "_moving.json"
+#: a job's prefix older than this (seconds) belongs to a stopped job
+STALE_S = 24 * 3600
+#: commits retried on a newer version before the job gives up
+MAX_RETRIES = 20
+
+
+def check_table_target(final: Location) -> bool:
+    """``final`` may receive a Delta table: True when it holds one, False when it is absent or
+    empty; a committed Parquet output of ours or a folder of other files is refused in one line."""
+    if deltalog.is_table(final):
+        return True
+    if (not final.is_local or os.path.isdir(final.path)) and read_marker(final) is not None:
+        raise BadInputError(f"{final}: a Parquet output of this pipeline, not a Delta table: choose another "
+                            "output for the table (nothing was changed)")
+    first = foreign_file(final)
+    if first is not None:
+        raise BadInputError(f"{final}: not a Delta table and not empty (it holds {first}): choose another output "
+                            "or remove it yourself; nothing was changed")
+    return False
+
+
+class DeltaJob(OutputJob):
+    """One job appending to (or overwriting) the Delta table ``final``."""
+
+    def __init__(self, final, *, partition_by: tuple = (), overwrite: bool = False, add_columns: bool = True,
+                 what: str = "") -> None:
+        super().__init__(final)
+        self.staging = self.final.child(JOBS_DIR, self.job_id)
+        self.target = JobTarget(str(self.staging))
+        self.partition_by = tuple(partition_by)
+        self.overwrite_table = overwrite
+        self.add_columns = add_columns
+        self.what = what or str(self.final)
+        self.base: Optional[deltalog.Snapshot] = None
+        #: set by the stage before the commit: the files' Arrow schema (Delta types), the first input
+        #: it came from, the commit record, rows and partition values per kept file, files to remove
+        self.schema = None
+        self.schema_source = ""
+        self.record: dict = {}
+        self.rows: dict = {}
+        self.partition_values: dict = {}
+        self.removes: list = []
+        self.version: Optional[int] = None
+        self._moved: list[Location] = []
+        self._logged = False
+
+    # -- life cycle -------------------------------------------------------------------------
+    def begin(self) -> "DeltaJob":
+        """The target is a Delta table, or absent, or empty; a committed Parquet output or a
+        folder of other files is refused in one line, before any work."""
+        if not self.final.is_local:
+            check_writable(self.final)
+        if check_table_target(self.final):
+            self.base = deltalog.snapshot(self.final)
+            if tuple(self.base.partition_by) != self.partition_by:
+                raise BadInputError(f"{self.final}: the table is partitioned by {list(self.base.partition_by)}, "
+                                    f"not {list(self.partition_by)} (partition_by)")
+            self._clean_stale()
+        if self.final.is_local:
+            os.makedirs(self.staging.path)
+        return self
+
+    def abort(self) -> None:
+        """Delete what this job wrote: its prefix, and the files it moved into the table (no
+        snapshot names them: the log entry was not written)."""
+        if self._logged:
+            return
+        for loc in self._moved:
+            with contextlib.suppress(BadInputError):
+                delete_file(loc)
+        delete_tree(self.staging)
+
+    def final_name(self, rel: str) -> str:
+        """The name in the table of the job's file ``rel`` (a job-unique name, in its partition's folder)."""
+        stem, ext = posixpath.splitext(posixpath.basename(rel))
+        values = self.partition_values.get(rel) or {}
+        dirs = [f"{c}={quote(str(values.get(c)), safe='')}" for c in self.partition_by]
+        return posixpath.join(*dirs, f"{stem}-{self.job_id}{ext}")
+
+    def data_files(self) -> dict[str, Location]:
+        return {rel: loc for rel, loc in self.kept().items() if rel.endswith(".parquet")}
+
+    # -- the commit -------------------------------------------------------------------------
+    def commit(self) -> list[str]:
+        """Move the kept data files into the table and add them in one log entry; their names."""
+        if self.schema is None:
+            raise RuntimeError("DeltaJob.commit: the stage set no schema")
+        data = self.data_files()
+        sizes = self._sizes()
+        finals = {rel: self.final_name(rel) for rel in data}
+        write_bytes(self.staging.child(MOVING), json.dumps(sorted(finals.values())).encode())
+        fsys = self.final.filesystem()
+        for rel, src in sorted(data.items()):
+            dest = self.final.child(finals[rel])
+            if self.final.is_local:
+                os.makedirs(posixpath.dirname(dest.path), exist_ok=True)
+                os.replace(src.path, dest.path)
+            else:
+                fsys.copy_file(src.path, dest.path)
+            self._moved.append(dest)
+            _step(f"moved {rel} into the table")
+        adds = [{"path": finals[rel], "size": sizes[src.path], "rows": self.rows.get(rel),
+                 "partition_values": {c: (self.partition_values.get(rel) or {}).get(c) for c in self.partition_by}}
+                for rel, src in sorted(data.items())]
+        self.version = self._log(adds)
+        self._logged = True
+        _step(f"committed version {self.version}")
+        delete_tree(self.staging)
+        _step("deleted the job's prefix")
+        return sorted(finals.values())
+
+    def _sizes(self) -> dict[str, int]:
+        """The bytes of every file under the job's prefix (one listing)."""
+        import pyarrow.fs as pafs
+
+        infos = self.staging.filesystem().get_file_info(pafs.FileSelector(self.staging.path, recursive=True,
+                                                                          allow_not_found=True))
+        return {i.path: int(i.size) for i in infos if i.type == pafs.FileType.File}
+
+    def _log(self, adds: list[dict]) -> int:
+        """The log entry, retried on a newer version while no commit since conflicts with it."""
+        schema = deltalog.normalized(self.schema)
+        mine = {s["file"] for s in self.record.get("sources") or []}
+        for _ in range(MAX_RETRIES):
+            read = self.base.version if self.base else None
+            try:
+                if self.base is not None:
+                    new = types.compare(self.base.schema, schema, self.partition_by, where=self.what,
+                                        first_file=self.schema_source, add_columns=self.add_columns)
+                    if new:
+                        print(f"{self.what}: new column(s) {', '.join(f.name for f in new)} (from "
+                              f"{self.schema_source}) added as nullable")
+                        read = deltalog.add_columns(self.final, read, new)
+                removes = sorted({f.path for f in self.base.files} if (self.overwrite_table and self.base)
+                                 else set(self.removes))
+                return deltalog.commit(self.final, read, adds, removes, self._table_schema(schema),
+                                       list(self.partition_by), {**self.record, "job": self.job_id})
+            except deltalog.CommitConflict:
+                self._after_conflict(read, mine)
+        raise BadInputError(f"{self.what}: {MAX_RETRIES} other commits came first; nothing of this run was "
+                            "committed: rerun it")
+
+    def _table_schema(self, schema):
+        """The table's schema for the log entry: the files' columns plus the partition columns
+        (strings, at the end) and any table column the files lack."""
+        import pyarrow as pa
+
+        fields = list(schema)
+        names = {f.name for f in fields}
+        if self.base is not None:
+            fields += [f for f in self.base.schema if f.name not in names and f.name not in self.partition_by]
+        fields += [pa.field(c, pa.string()) for c in self.partition_by]
+        return pa.schema(fields)
+
+    def _after_conflict(self, read: Optional[int], mine: set) -> None:
+        """Another writer committed first: fail in one line when one of its commits holds one of
+        this job's inputs or removed a file this job removes; otherwise go on from the newest version."""
+        latest = deltalog.snapshot(self.final)
+        for v, rec in deltalog.commits(self.final):
+            if read is not None and v <= read:
+                continue
+            clash = sorted(mine & {s["file"] for s in rec.get("sources") or [] if not s.get("error")})
+            if clash:
+                raise BadInputError(f"{self.what}: another job committed {clash[0]} (version {v}) while this one "
+                                    "ran; nothing of this run was committed: rerun it to ingest what is still new")
+        live = {f.path for f in latest.files}
+        gone = [p for p in self.removes if p not in live]
+        if gone:
+            raise BadInputError(f"{self.what}: another job removed {gone[0]} (now version {latest.version}) while "
+                                "this one ran; nothing of this run was committed: rerun it")
+        log.info("%s: another writer committed version %d first; committing on it", self.what, latest.version)
+        self.base = latest
+
+    # -- what stopped jobs left ---------------------------------------------------------------
+    def _clean_stale(self) -> None:
+        """Delete the prefixes of jobs older than :data:`STALE_S`, and the files they had moved
+        into the table when they never committed them."""
+        now = time.time()
+        committed = None
+        for d in list_dirs(self.final.child(JOBS_DIR)):
+            age = _age(d, now)
+            if d.name == self.job_id or age is None or age < STALE_S:
+                continue
+            if committed is None:        # a job stopped after its log entry: its files are the table's
+                committed = {rec.get("job") for _, rec in deltalog.commits(self.final)}
+            raw = read_bytes_if_exists(d.child(MOVING))
+            for name in ([] if d.name in committed or not raw else json.loads(raw)):
+                delete_file(self.final.child(name))
+            delete_tree(d)
+            log.info("%s: deleted what a stopped job left (%s)", self.final, d.name)
+
+
+def _age(d: Location, now: float) -> Optional[float]:
+    """Seconds since the newest file under the job prefix ``d`` was written."""
+    import pyarrow.fs as pafs
+
+    try:
+        infos = d.filesystem().get_file_info(pafs.FileSelector(d.path, recursive=True, allow_not_found=True))
+    except OSError:
+        return None
+    times = [i.mtime.timestamp() for i in infos if i.mtime is not None]
+    return now - max(times) if times else None
+
+
+@contextlib.contextmanager
+def delta_job(final, **options) -> Iterator[DeltaJob]:
+    """Begin a job writing the Delta table ``final``; commit when the block ends, abort on any exception."""
+    job = DeltaJob(final, **options).begin()
+    try:
+        yield job
+    except BaseException:
+        job.abort()
+        raise
+    try:
+        job.commit()
+    except BaseException:
+        job.abort()
+        raise
