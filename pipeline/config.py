@@ -28,10 +28,14 @@ T = TypeVar("T", bound="StageConfig")
 
 class SparkConfig(BaseModel):
     """How to reach Spark. ``master=None`` means: the master given by ``spark-submit``,
-    else ``local[*]``."""
+    else ``local[*]``. ``remote`` reaches Spark through Spark Connect instead (no SparkContext)."""
 
     model_config = ConfigDict(extra="forbid")
     master: Optional[str] = Field(None, description="Spark master URL; default: spark-submit's, else local[*]")
+    remote: Optional[str] = Field(
+        None, pattern=r"^(sc://\S+|local(\[(\*|\d+)(,\d+)?\])?)$",
+        description="Spark Connect: the server's URL (sc://host:port), or local[N] to start a local Connect "
+                    "server in this process; default: a classic session (docs/cluster.md#spark-connect)")
     app_name: str = Field("hep-pipeline", description="Spark application name")
     driver_memory: str = Field("4g", description="driver memory when Spark is started from Python")
     shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions")

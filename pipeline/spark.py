@@ -1,6 +1,15 @@
-"""SparkSession factory: ``local[*]`` by default, any master from config or spark-submit."""
+"""SparkSession factory: ``local[*]`` by default, any master from config or spark-submit, or a
+Spark Connect server (``spark.remote``).
+
+The data stages (ingestion, features, shards) run on either kind of session: they use the
+DataFrame API only (``mapInArrow``, ``createDataFrame``, ``range``), and ask this module, never
+the SparkContext, for what they need to know of the session (:func:`default_parallelism`,
+:func:`check_executor_python`). The training launchers need a classic session
+(:func:`require_classic`).
+"""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -16,6 +25,20 @@ _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,(\d+))?\])?$")
 LOG4J_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "log4j2.properties"
 #: what every Python task of the pipeline imports on the executors
 EXECUTOR_MODULES = ("numpy", "pandas", "pyarrow", "pipeline")
+log = logging.getLogger(__name__)
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDD)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def require_classic(spark, what: str) -> None:
+    """ConfigError, one line, when ``spark`` is a Spark Connect session: ``what`` needs a classic one."""
+    if is_connect(spark):
+        raise ConfigError(f"{what} needs a classic Spark session (it runs barrier tasks through the "
+                          f"SparkContext), not Spark Connect; unset spark.remote (and SPARK_REMOTE) and "
+                          f"use spark.master, or choose a launcher that runs without Spark (local)")
 
 
 def _launched_by_spark_submit() -> bool:
@@ -48,7 +71,7 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
 
     cfg = cfg or SparkConfig()
     active = SparkSession.getActiveSession()
-    if active is not None:
+    if active is not None and not (cfg.remote and not is_connect(active)):
         check_executor_python(active)
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -74,29 +97,66 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
         java = settings.get("spark.driver.extraJavaOptions", "")
         if "log4j2.configurationFile" not in java:
             settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {java}".strip()
-    for k, v in settings.items():
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel(cfg.log_level.upper())
+    if cfg.remote:
+        spark = _connect(cfg, settings)
+    else:
+        for k, v in settings.items():
+            b = b.config(k, v)
+        spark = b.getOrCreate()   # a Spark Connect session when SPARK_REMOTE is set
+        if not is_connect(spark):
+            spark.sparkContext.setLogLevel(cfg.log_level.upper())
     check_executor_python(spark)
     return spark
 
 
+def _connect(cfg: SparkConfig, settings: dict):
+    """A Spark Connect session for ``cfg.remote``. ``local[N]`` starts a Connect server in this
+    process (``SparkSession.builder.remote``: a JVM with that master, started with ``settings``,
+    log level included); ``sc://host:port`` connects to a running server, with the runtime (SQL)
+    settings of ``settings`` for this session (the server's own settings stay as they are)."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    url = cfg.remote.strip()
+    if url.startswith("sc://"):
+        from .pyspark_internals import connect_session
+
+        runtime = {k: v for k, v in settings.items() if k.startswith("spark.sql.") or k in cfg.conf}
+        return connect_session(url, {"spark.app.name": cfg.app_name, **runtime})
+    b = SparkSession.builder.remote(url).appName(cfg.app_name)
+    for k, v in settings.items():
+        b = b.config(k, v)
+    try:
+        return b.getOrCreate()
+    except PySparkException as e:
+        if "SESSION_ALREADY_EXIST" not in str(e) and "SESSION_OR_CONTEXT_EXISTS" not in str(e):
+            raise
+        raise ConfigError(f"spark.remote={url} starts a Spark Connect server in this process, which already "
+                          f"runs a classic Spark session; connect to a running server instead "
+                          f"({option_hint('spark.remote', 'sc://host:15002')})") from None
+
+
 _CHECKED_APPS: set[str] = set()
+
+
+def _app_id(spark) -> str:
+    """The Spark application of a session of either kind (Connect sessions of one server share it)."""
+    return spark.conf.get("spark.app.id", None) or f"session-{id(spark)}"
 
 
 def check_executor_python(spark) -> None:
     """ConfigError, one line, when the executors' Python cannot run the pipeline's tasks: it lacks
     one of :data:`EXECUTOR_MODULES` (or cannot start). It names ``PYSPARK_PYTHON`` and the
     interpreter found. One tiny Spark job per application (a success is remembered), run at the
-    first stage or data-source call, so a worker never fails later with a ``ModuleNotFoundError``."""
-    try:
-        sc = spark.sparkContext
-    except Exception:  # noqa: BLE001 - a Spark Connect session: its server runs the Python, not checked here
-        return
-    app = sc.applicationId
+    first stage or data-source call, so a worker never fails later with a ``ModuleNotFoundError``.
+    The probe is a plain (pickled, not Arrow) Python UDF over a one-row DataFrame, so it runs on a
+    classic and a Spark Connect session alike (there on the server's executors) and reports a
+    missing pyarrow instead of failing on it."""
+    app = _app_id(spark)
     if app in _CHECKED_APPS:
         return
+    from pyspark.sql import functions as F
+
     wanted = EXECUTOR_MODULES
 
     def probe(_):   # a closure: pickled by value, so it runs on an executor without this project
@@ -104,31 +164,63 @@ def check_executor_python(spark) -> None:
         import platform
         import sys as _sys
 
-        yield _sys.executable, platform.python_version(), [m for m in wanted if importlib.util.find_spec(m) is None]
+        return [_sys.executable, platform.python_version(),
+                ",".join(m for m in wanted if importlib.util.find_spec(m) is None)]
 
-    exe = getattr(sc, "pythonExec", None) or os.environ.get("PYSPARK_PYTHON") or "python3"
     given = os.environ.get("PYSPARK_PYTHON")
-    what = f"PYSPARK_PYTHON={given}" if given else f"PYSPARK_PYTHON is not set, so Spark runs {exe!r}"
-    fix = f"set PYSPARK_PYTHON to the project's interpreter (e.g. PYSPARK_PYTHON={sys.executable})"
-    sc.setJobDescription("pipeline: the executors' Python")
+    if is_connect(spark):   # the server starts the Python workers, with its own environment
+        what = "the Spark Connect server's Python workers"
+        fix = "set PYSPARK_PYTHON of the Spark Connect server to a Python with the project installed"
+    else:
+        exe = getattr(spark.sparkContext, "pythonExec", None) or given or "python3"
+        what = f"PYSPARK_PYTHON={given}" if given else f"PYSPARK_PYTHON is not set, so Spark runs {exe!r}"
+        fix = f"set PYSPARK_PYTHON to the project's interpreter (e.g. PYSPARK_PYTHON={sys.executable})"
+        spark.sparkContext.setJobDescription("pipeline: the executors' Python")
     try:
-        found = sc.parallelize([0], 1).mapPartitions(probe).collect()
+        found = spark.range(0, 1, 1, 1).select(F.udf(probe, "array<string>", useArrow=False)("id")).collect()
     except Exception as e:  # noqa: BLE001 - the worker could not start or run at all
         from .cli import root_cause
 
         raise ConfigError(f"the Spark executors cannot run Python ({what}): {root_cause(e)[:300]}; {fix}") from None
     finally:
-        sc.setJobDescription(None)
-    path, version, missing = found[0]
+        if not is_connect(spark):
+            spark.sparkContext.setJobDescription(None)
+    path, version, missing = found[0][0]
     if missing:
         raise ConfigError(f"the Spark executors run {path} (Python {version}; {what}), which lacks "
-                          f"{', '.join(missing)}; {fix}")
+                          f"{missing.replace(',', ', ')}; {fix}")
     _CHECKED_APPS.add(app)
+
+
+def default_parallelism(spark) -> int:
+    """How many tasks a stage cuts its work into: Spark's default parallelism, on either kind of
+    session. Classic: the SparkContext's ``defaultParallelism``. Spark Connect (no SparkContext):
+    the server's ``spark.default.parallelism`` when set, else the cores of its local master
+    (``local[N]``; ``local[*]``: this machine's), else the executors' cores
+    (``spark.executor.instances`` x ``spark.executor.cores``, or ``spark.cores.max``), else the
+    session's ``spark.sql.shuffle.partitions`` (``spark.shuffle_partitions``)."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    conf = spark.conf
+
+    def num(key: str) -> int:
+        v = conf.get(key, None)
+        return int(v) if v and str(v).strip().isdigit() else 0
+
+    if num("spark.default.parallelism"):
+        return num("spark.default.parallelism")
+    m = _LOCAL.match(conf.get("spark.master", None) or "")
+    if m:
+        return max(1, 1 if m.group(1) is None else (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1)))
+    cores = num("spark.executor.instances") * num("spark.executor.cores") or num("spark.cores.max")
+    return max(1, cores or num("spark.sql.shuffle.partitions") or 2)
 
 
 def task_slots(spark) -> int:
     """Tasks the session can run at once: the cores of a local master divided by
-    ``spark.task.cpus``; on a cluster, Spark's own count over the registered executors."""
+    ``spark.task.cpus``; on a cluster, Spark's own count over the registered executors. A classic
+    session only (training): ConfigError on Spark Connect."""
+    require_classic(spark, "training on Spark (launchers horovod and torch)")
     sc = spark.sparkContext
     conf = sc.getConf()
     cpus = max(1, int(conf.get("spark.task.cpus", "1")))
@@ -182,6 +274,11 @@ def forward_s3_settings(spark) -> None:
     value starts new Python workers (Spark keys its workers by their environment)."""
     from .fs import S3_ENV_VARS
 
+    if is_connect(spark):   # no SparkContext: the server's executors have the server's environment
+        if any(os.environ.get(n) is not None for n in S3_ENV_VARS):
+            log.info("Spark Connect: the tasks read and write s3:// with the S3 settings of the server's "
+                     "environment, not this client's")
+        return
     env = spark.sparkContext.environment
     for name in S3_ENV_VARS:
         value = os.environ.get(name)

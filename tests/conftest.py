@@ -41,6 +41,49 @@ def spark():
     s.stop()
 
 
+# ---------------------------------------------------------------------------- Spark Connect
+@pytest.fixture(scope="session")
+def _connect_session(spark):
+    """ONE Spark Connect session for the run: a Connect server started inside the JVM of the shared
+    classic session (under a second; a server of its own, ``builder.remote("local[2]")``, would
+    start a second JVM, and PySpark refuses it in a process that runs a classic session), reached
+    as a client over gRPC on a free port through ``get_spark(SparkConfig(remote="sc://..."))``.
+    Its plans, Python UDFs and ``mapInArrow`` functions go through Spark Connect exactly as from
+    a remote client: the session has no SparkContext. Tests take it through ``connect_spark``."""
+    import socket
+
+    from pipeline.config import SparkConfig
+    from pipeline.spark import get_spark
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    jsc = spark._jsc.sc()   # tests only: pipeline/ reaches no PySpark internals (test_pyspark_internals)
+    jsc.conf().set("spark.connect.grpc.binding.port", str(port))
+    spark._jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(jsc)
+    session = get_spark(SparkConfig(remote=f"sc://localhost:{port}", app_name="hep-pipeline-tests-connect",
+                                    shuffle_partitions=4))
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)   # set again only while a test uses the session
+    assert type(session).__module__ == "pyspark.sql.connect.session", type(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def connect_spark(_connect_session, monkeypatch):
+    """The shared Spark Connect session. While the test runs, the process is a Spark Connect
+    client (PySpark's ``SPARK_CONNECT_MODE_ENABLED``: ``pyspark.sql.functions`` build Connect
+    columns, ``getActiveSession`` returns this session); the classic tests after it are not."""
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    return _connect_session
+
+
+@pytest.fixture(params=["classic", "connect"])
+def any_spark(request):
+    """The test runs twice: on the shared classic session and on the Spark Connect one."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
+
+
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
     from pipeline.samples import coffea_samples

@@ -120,7 +120,8 @@ def test_cifar_pickle_batches(spark, tmp_path, digits):
     np.testing.assert_array_equal(np.asarray(img).reshape(32, 32, 3), rgb[253])
 
 
-def test_image_folder_binaryfile_resize(spark, tmp_path, digits):
+def test_image_folder_binaryfile_resize(any_spark, tmp_path, digits):
+    spark = any_spark   # a classic and a Spark Connect session: a file source, decoding and writing tasks
     from PIL import Image
 
     imgs, labels = digits

@@ -55,7 +55,8 @@ def test_plan_chunks_cuts_entry_ranges(delphes_root):
     assert plan.schema.field("Electron.Particle").type == real.schema.field(0).type
 
 
-def test_ingest_delphes_matches_uproot(spark, delphes_root, tmp_path):
+def test_ingest_delphes_matches_uproot(any_spark, delphes_root, tmp_path):
+    spark = any_spark   # a classic and a Spark Connect session: both passes of the ingestion's tasks
     import uproot
 
     out = tmp_path / "events"

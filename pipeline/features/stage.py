@@ -47,7 +47,7 @@ from ..errors import BadInputError
 from ..fs import check_writable, location
 from ..ingest.root import Chunk
 from ..inputs import parquet_schema_of
-from ..spark import forward_s3_settings, get_spark
+from ..spark import default_parallelism, forward_s3_settings, get_spark
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
 from .layout import HLF_NAMES, LLF_NAMES, N_CLASSES, N_HLF, N_LLF_FEATURES
@@ -195,7 +195,7 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
                                                       cfg.test_fraction, cfg.val_fraction, cfg.balance_classes)
         log.info("features: split%s decided (%.1f s)", " and balancing" if cfg.balance_classes else "",
                  time.time() - t_start)
-        groups, sizes, done = _groups(units, st, t, labels, counts, cfg, spark.sparkContext.defaultParallelism)
+        groups, sizes, done = _groups(units, st, t, labels, counts, cfg, default_parallelism(spark))
         if groups:
             w = write_datasets(spark, job.target, groups, sizes, rule, cfg)
             received["write"] += w.received

@@ -19,7 +19,7 @@ from ..commit import ATTEMPT_DDL, JobTarget, attempt_schema
 from ..ingest.root import (FILE_TIMEOUT_S, Chunk, FileInfo, FilePlanning, error_text, read_arrays, read_range,
                            scan_file, second_pass_chunks)
 from ..inputs import read_parquet
-from ..spark import spark_task, task_frame
+from ..spark import default_parallelism, spark_task, task_frame
 from . import delphes as D
 from . import workfiles
 from .config import FeaturesConfig
@@ -124,7 +124,7 @@ def _feature_pass(spark, units: list[Chunk], target: JobTarget, cfg: FeaturesCon
                            file_timeout_s=cfg.file_timeout_s,
                            batch_rows=workfiles.IPC_BATCH_ROWS,  # read at call time: a test may shrink it
                            compression=cfg.work_compression)
-    tasks = pack_units([unit_entries(u) for u in units], spark.sparkContext.defaultParallelism)
+    tasks = pack_units([unit_entries(u) for u in units], default_parallelism(spark))
     rows = [(u.file_index, u.path, u.tree, u.entry_start, u.entry_stop) for u in units]
     df = task_frame(spark, rows, "file_index int, path string, tree string, entry_start long, entry_stop long", tasks)
     table = df.mapInArrow(spark_task(fn), _STATUS_DDL).toArrow()

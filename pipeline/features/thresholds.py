@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ..spark import spark_task, task_frame
+from ..spark import default_parallelism, spark_task, task_frame
 from .split import KEY_BITS, SPLITS, SplitRule, hash_key
 
 #: bits per histogram round; candidates at or below which the keys themselves are sent
@@ -131,7 +131,7 @@ def select(spark, ranges: list[tuple[int, int, int]], queries: list[Query], rule
         if not 1 <= q.k <= q.count:
             raise ValueError(f"rank {q.k} out of 1..{q.count}")
         q.rank, q.left = q.k, q.count
-    pieces = _pieces(ranges, spark.sparkContext.defaultParallelism)
+    pieces = _pieces(ranges, default_parallelism(spark))
     received, first = 0, True
     while [q for q in queries if q.key is None]:
         todo = [q for q in queries if q.key is None]

@@ -20,7 +20,7 @@ import numpy as np
 from ..commit import ATTEMPT_DDL, JobTarget, TaskAttempt, attempt_schema
 from ..fs import Location
 from ..packing import balanced_tasks, consecutive_groups
-from ..spark import spark_task, task_frame
+from ..spark import default_parallelism, spark_task, task_frame
 from . import workfiles
 from .layout import N_HLF, N_LLF_FEATURES
 from .rows import HLF_ROW_BYTES, llf_row_bytes, output_schema, parquet_options, split_names
@@ -235,7 +235,7 @@ def write_datasets(spark, target: JobTarget, groups: list[tuple], sizes: list[in
     fn = functools.partial(write_partition, target=target, rule=rule.to_json(),
                            llf_budget=max(1, int(cfg.llf_row_group_mb * (1 << 20))),
                            hlf_budget=max(1, int(cfg.hlf_row_group_mb * (1 << 20))), file_bytes=cfg.file_mb << 20)
-    tasks = balanced_tasks(sizes, spark.sparkContext.defaultParallelism)
+    tasks = balanced_tasks(sizes, default_parallelism(spark))
     df = task_frame(spark, groups, "group int, works array<string>, dirs array<string>, offsets array<long>, "
                                    "labels array<long>, chunks array<int>", tasks)
     res = df.mapInArrow(spark_task(fn), _WRITE_DDL).toArrow()

@@ -41,7 +41,7 @@ from ..errors import BadInputError, PipelineError
 from ..fs import Location, check_writable, location
 from ..paths_overlap import check_apart
 from ..schemas import pad_length
-from ..spark import forward_s3_settings, get_spark, spark_task
+from ..spark import default_parallelism, forward_s3_settings, get_spark, spark_task
 from .manifest import MANIFEST_NAME, LayoutSpec, ShardManifest, TensorSpec, WorkerShard
 from .route import DEST, ORDER, PKEY, TRAIN_SPLIT, routed_frame
 from .scan import Scan, scan
@@ -177,7 +177,7 @@ def _write(spark, job, sc: Scan, router: Router, eval_names: list[str], dirs: li
     """The routing and writing pass: the writers' result rows."""
     from pyspark.sql import functions as F
 
-    tasks = max(1, min(len(dirs), cfg.write_tasks or spark.sparkContext.defaultParallelism))
+    tasks = max(1, min(len(dirs), cfg.write_tasks or default_parallelism(spark)))
     keys = partition_keys(spark, tasks)
     pkeys = [keys[p] for p in pack_destinations(expected, tasks)]
     # Arrow batches bounded in bytes (LLF rows are ~60 kB each)

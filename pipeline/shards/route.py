@@ -13,7 +13,7 @@ import numpy as np
 
 from ..fs import location
 from ..packing import balanced_tasks
-from ..spark import spark_task, task_frame
+from ..spark import default_parallelism, spark_task, task_frame
 from .scan import RESERVED, Scan
 from .schemes import Router
 
@@ -107,7 +107,7 @@ def routed_frame(spark, sc: Scan, router: Router, eval_names: list[str], pkeys: 
     out_schema = routed_schema(sc.schema)
     fn = functools.partial(route_partition, router=router, eval_names=eval_names, pkeys=pkeys,
                            schema_bytes=out_schema.serialize().to_pybytes(), batch_rows=batch_rows)
-    tasks = balanced_tasks([max(1, g[3]) for g in sc.groups], max(spark.sparkContext.defaultParallelism,
-                                                                     len(sc.groups) // 8 or 1))
+    tasks = balanced_tasks([max(1, g[3]) for g in sc.groups], max(default_parallelism(spark),
+                                                                  len(sc.groups) // 8 or 1))
     df = task_frame(spark, units, "uri string, row_group int, train_offset long, eval_offsets array<long>", tasks)
     return df.mapInArrow(spark_task(fn), from_arrow_schema(pa.schema([f.remove_metadata() for f in out_schema])))

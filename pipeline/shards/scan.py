@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import BadInputError
 from ..fs import location
 from ..inputs import dataset_files, parquet_frame, parquet_schema_of
-from ..spark import forward_s3_settings, spark_task, task_frame
+from ..spark import default_parallelism, forward_s3_settings, spark_task, task_frame
 
 KEYS = ("sample_id", "split")
 #: columns the stage adds to the rows it routes (an input may not have them)
@@ -141,7 +141,7 @@ def scan(spark, path) -> tuple[Scan, int]:
         forward_s3_settings(spark)
     schema = parquet_schema_of(files[0])
     check_schema(schema, str(location(path)))
-    slots = spark.sparkContext.defaultParallelism
+    slots = default_parallelism(spark)
     fn = functools.partial(count_partition, schema_bytes=schema.remove_metadata().serialize().to_pybytes())
     df = task_frame(spark, [(i, u) for i, u in enumerate(files)], "file_index int, uri string",
                     tasks=[i * slots * 4 // len(files) for i in range(len(files))])

@@ -279,9 +279,10 @@ def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark
     if cfg.launcher == "local":
         with relay(True, cfg.bind_address or "127.0.0.1"):
             return run_local(args, plan["workers"], host=cfg.bind_address)
-    from ..spark import get_spark
+    from ..spark import get_spark, require_classic
 
     spark = spark or get_spark(cfg.spark, min_task_slots=plan["workers"])
+    require_classic(spark, f"launcher={cfg.launcher}")
     with relay(True, cfg.bind_address or spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")):
         if cfg.launcher == "horovod":
             return _run_horovod(args, plan["workers"], cfg, spark)
