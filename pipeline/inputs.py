@@ -20,13 +20,24 @@ import os
 from typing import Iterator, Optional, Sequence
 
 from .committed import committed_files
-from .errors import BadInputError
+from .errors import BadInputError, ConfigError
 from .fs import Location, error_reason, location
 from .spark import forward_s3_settings, spark_task, task_frame
+from .tables.snapshot import is_delta_table, snapshot_files
 
 
-def dataset_files(path: str | os.PathLike | Location, suffix: str = ".parquet", what: str = "input") -> list[str]:
-    """The URIs of a committed dataset's data files, sorted; BadInputError when it has none."""
+def dataset_files(path: str | os.PathLike | Location, suffix: str = ".parquet", what: str = "input",
+                  version: Optional[int] = None) -> list[str]:
+    """The URIs of a committed dataset's data files, sorted; BadInputError when it has none. A
+    Delta table: the files of its snapshot (the newest, or ``version``), never a listing."""
+    if is_delta_table(path):
+        uris = snapshot_files(path, version)
+        if not uris:
+            raise BadInputError(f"{what} {location(path)} (Delta table) holds no data files at version "
+                                f"{'latest' if version is None else version}")
+        return uris
+    if version is not None:
+        raise ConfigError(f"{what} {location(path)}: a version (time travel) needs a Delta table, and this is not one")
     files = committed_files(path, suffix, what)
     if not files:
         raise BadInputError(f"{what} {location(path)} holds no {suffix or 'data'} files")
@@ -83,14 +94,15 @@ def _read_files(batches: Iterator, *, columns: Optional[list[str]], schema_bytes
 
 
 def parquet_frame(spark, path: str | os.PathLike | Location, columns: Optional[Sequence[str]] = None,
-                  files_per_task: int = 1, file_column: Optional[str] = None):
-    """A DataFrame of a committed Parquet dataset, read in the tasks through ``pyarrow.fs``
-    (``files_per_task`` consecutive files per task; ``file_column``: adds each row's file index
-    in :func:`dataset_files` order). The schema is the first file's (its footer, read here)."""
+                  files_per_task: int = 1, file_column: Optional[str] = None, version: Optional[int] = None):
+    """A DataFrame of a committed Parquet dataset (or a Delta table's snapshot at ``version``), read
+    in the tasks through ``pyarrow.fs`` (``files_per_task`` consecutive files per task;
+    ``file_column``: adds each row's file index in :func:`dataset_files` order). The schema is the
+    first file's (its footer, read here)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    files = dataset_files(path)
+    files = dataset_files(path, version=version)
     if not location(path).is_local:
         forward_s3_settings(spark)
     schema = parquet_schema_of(files[0])

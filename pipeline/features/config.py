@@ -46,8 +46,12 @@ class FeaturesConfig(StageConfig):
     """Settings of ``jobs/features.py``."""
 
     input: Optional[Union[str, list[str]]] = Field(
-        None, description="ingested dataset dir(s) (ingest_root output) or ROOT paths/globs; default: the "
+        None, description="ingested dataset dir(s) (ingest_root output, Parquet or a Delta table) or ROOT "
+                          "paths/globs; default: the "
                           f"files of samples when samples are given, else {DEFAULT_INPUT} (written by `make run`)")
+    input_version: Optional[int] = Field(None, ge=0, description="a Delta table input (ingest_root with "
+                                         "output_format: delta): the version to read (time travel; default: the "
+                                         "newest)")
     samples: list[SampleSpec] = Field(default_factory=_default_samples, min_length=1,
                                       description="label of each file: the first sample with a matching path/glob "
                                                   "(QCD=0, ttbar=1, W+jets=2; default: the generated classes)")

@@ -10,12 +10,13 @@ import os
 from typing import Optional
 
 from ..committed import require_complete, resolve
-from ..errors import BadInputError
+from ..errors import BadInputError, ConfigError
 from ..fs import is_file, location
 from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files, sample_path
 from ..outputs import read_json
 from ..paths_overlap import check_apart
 from ..packing import balanced_tasks
+from ..tables.snapshot import is_delta_table, ledger, snapshot
 from . import delphes as D
 from .config import FeaturesConfig, SampleSpec
 
@@ -89,6 +90,34 @@ def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: li
             info.chunks += 1
 
 
+def _table_units(d: str, version: Optional[int], files: list[FileInfo], units: list[Chunk]) -> None:
+    """The data files of a Delta table's snapshot (the newest, or ``version``) as work units: each
+    one's ROOT file and entry range from the table's source ledger, never a listing of its folder."""
+    loc = location(os.path.expanduser(d))
+    snap = snapshot(loc, version)
+    lacking = [b for b in D.REQUIRED_BRANCHES if b not in snap.schema.names]
+    if lacking:
+        raise BadInputError(f"{loc}: the Delta table lacks column {lacking[0]!r} (ingest the branches of "
+                            "pipeline.features.delphes.REQUIRED_BRANCHES)")
+    live = {f.path for f in snap.files}
+    led = ledger(loc, snap.version)
+    known = set(led.parts())
+    stray = sorted(live - known)
+    if stray:
+        raise BadInputError(f"{loc.child(stray[0])}: a data file of the Delta table with no source record (not "
+                            "written by ingest_root): the feature stage needs each file's ROOT file and entries")
+    for s in led.sources.values():                     # in commit order
+        parts = sorted((p for p in s.get("parts") or [] if p["path"] in live), key=lambda p: p["entry_start"])
+        if not parts:
+            continue
+        info = FileInfo(len(files), s["file"], entries=int(s["entries"]))
+        files.append(info)
+        for p in parts:
+            units.append(Chunk(len(units), info.file_index, str(loc.child(p["path"])), "", int(p["entry_start"]),
+                               int(p["entry_stop"])))
+            info.chunks += 1
+
+
 def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[int, int], list[str]]:
     """(source files, work units, file_index -> label, notes), without opening a ROOT file: a
     ROOT file is one unit with ``entry_start == entry_stop ==`` :data:`WHOLE_FILE` (its task cuts
@@ -99,11 +128,17 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
     notes: list[str] = []
     raw = ([f for s in cfg.samples for f in s.files] if cfg.input is None
            else [cfg.input] if isinstance(cfg.input, str) else list(cfg.input))
-    ingested = [p for p in raw if is_ingested(p)]
-    roots = [p for p in raw if p not in ingested]
+    tables = [p for p in raw if is_delta_table(os.path.expanduser(p))]
+    ingested = [p for p in raw if p not in tables and is_ingested(p)]
+    if cfg.input_version is not None and not tables:
+        raise ConfigError(f"input_version={cfg.input_version} needs a Delta table input")
+    roots = [p for p in raw if p not in ingested and p not in tables]
     root_files = resolve_files(roots) if roots else []
     # before any work: the output neither inside nor holding an ingested dataset or a ROOT file
-    check_apart(location(cfg.output, output=True), [os.path.expanduser(d) for d in ingested] + root_files)
+    check_apart(location(cfg.output, output=True),
+                [os.path.expanduser(d) for d in tables + ingested] + root_files)
+    for d in tables:
+        _table_units(d, cfg.input_version, files, units)
     for d in ingested:
         _ingested_units(d, files, units, notes)
     if roots:
