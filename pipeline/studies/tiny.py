@@ -10,10 +10,10 @@ keeps matching); training stops after
 HEP studies generate ``HEP["events_per_class"]`` events per class and train with a batch of
 ``HEP["train.batch_size"]`` per worker (the shards of many workers are small). What stays: the workers,
 layouts, algorithms, optimizers and schedules of every kept cell. A tiny run is never recorded
-(``records`` is dropped): its numbers are not results. A tiny run whose algorithm is
-synchronous and whose batches are not augmented runs its workers as ranks of one process
-(``launcher: inprocess``, :func:`in_one_process`: the same run as the local launcher's, without
-starting a process per worker); the others keep their launcher.
+(``records`` is dropped): its numbers are not results. A tiny run whose batches are not
+augmented runs its workers as ranks of one process (``launcher: inprocess``, :func:`in_one_process`:
+a synchronous algorithm gives the local launcher's run without starting a process per worker; an
+asynchronous or time-budgeted one runs under the simulated clock); augmented runs keep their launcher.
 """
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ HEP: dict[str, Any] = {"events_per_class": 300, "train.batch_size": 8}
 
 
 def in_one_process(cfg):
-    """The run config ``cfg`` (a workflow's) with ``train.launcher: inprocess`` where its algorithm
-    runs there (synchronous, no augmentation); ``cfg`` itself otherwise."""
-    from ..train.algorithms.async_common import ASYNC_ALGORITHMS, base_algorithm
-
+    """The run config ``cfg`` (a workflow's) with ``train.launcher: inprocess`` where it runs there
+    (every algorithm: the asynchronous ones and time-budgeted rounds under the simulated clock; not
+    augmented batches); ``cfg`` itself otherwise."""
     t = cfg.train
-    if t.augment != "none" or base_algorithm(t.algorithm.name, t.algorithm.params)[0] in ASYNC_ALGORITHMS:
+    if t.augment != "none":
         return cfg
     return cfg.model_copy(update={"train": t.model_copy(update={"launcher": "inprocess"})})
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..config import StageConfig
 from ..errors import ConfigError
 from .algorithms import names as algorithm_names
-from .stragglers import StragglerConfig
+from .stragglers import SimClockConfig, StragglerConfig
 
 class AlgorithmConfig(BaseModel):
     """Which algorithm, with its own parameters (see each module's ``Params``)."""
@@ -99,7 +99,8 @@ class TrainConfig(StageConfig):
     checkpoint_dir: Optional[str] = Field(None, description="checkpoints (default: <output>-checkpoints next to output)")
     launcher: Literal["horovod", "torch", "local", "inprocess"] = Field(
         "horovod", description="horovod (horovod.spark.run, gloo) | torch (TorchDistributor) | local (no Spark) | "
-                               "inprocess (the workers as ranks on threads of one process; synchronous algorithms)")
+                               "inprocess (the workers as ranks on threads of one process; a run that depends on time "
+                               "under a deterministic simulated clock, simulated_clock)")
     workers: Optional[int] = Field(None, gt=0, description="number of workers; default and must-match: the manifest's")
     torch_local_mode: bool = Field(False, description="TorchDistributor local_mode (processes on the driver)")
     model: Literal["lenet5", "lenet5_bn", "resnet20", "hlf", "gru", "inclusive"] = Field(
@@ -173,6 +174,9 @@ class TrainConfig(StageConfig):
                                "is relaunched from the newest checkpoint instead of hanging on a dead peer; 0: off")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig,
                                         description="simulated slow workers (off by default)")
+    simulated_clock: SimClockConfig = Field(default_factory=SimClockConfig,
+                                            description="launcher inprocess: the simulated clock of runs that depend on "
+                                                        "time (asynchronous algorithms, time-budgeted rounds, stragglers)")
     debug: DebugConfig = Field(default_factory=DebugConfig, description="test and fault-injection switches")
 
     @field_validator("output", "manifest")

@@ -1,7 +1,9 @@
 """The launchers that start the workers on this machine without Spark: ``local`` (one process per
 worker, joined by torch.distributed over loopback) and ``inprocess`` (the workers as ranks on
-threads of the calling process, :mod:`.comm.inprocess`). Both report like the Spark launchers:
-rank-ordered results, or the first failed rank's error."""
+threads of the calling process, :mod:`.comm.inprocess`; a run that depends on time -- an
+asynchronous algorithm, time-budgeted rounds, stragglers -- under the simulated clock of
+:mod:`.comm.simclock`, :func:`simulated`). Both report like the Spark launchers: rank-ordered
+results, or the first failed rank's error."""
 from __future__ import annotations
 
 import os
@@ -88,17 +90,34 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
     return local_outcome(world, results, errors, lost, WorkerLost)
 
 
+def simulated(cfg) -> bool:
+    """Whether an inprocess run of ``cfg`` (a TrainConfig) runs under the simulated clock: its result
+    depends on time (an asynchronous algorithm, also under SlowMo; time-budgeted local SGD; a time
+    schedule of SwarmSGD; active stragglers), or ``simulated_clock.always``."""
+    from .algorithms.async_common import ASYNC_ALGORITHMS, base_algorithm
+
+    base, params = base_algorithm(cfg.algorithm.name, cfg.algorithm.params)
+    return (cfg.simulated_clock.always or base in ASYNC_ALGORITHMS or base == "timed_local_sgd"
+            or (base == "swarm" and params.get("schedule") == "time") or cfg.stragglers.active)
+
+
 def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
     """The M workers as ranks on threads of this process (:mod:`.comm.inprocess`): no process starts,
-    no sockets. Raises the first failed rank's error (a rank that stopped because another failed is
-    not reported)."""
+    no sockets; under the simulated clock when :func:`simulated` (then every rank's summary carries
+    ``simulated_clock``: virtual seconds, thread switches, a digest of the order the threads ran in).
+    Raises the first failed rank's error (a rank that stopped because another failed is not
+    reported)."""
     import threading
 
     from .comm.inprocess import InProcessWorld, PeerFailed, bind
+    from .comm.simclock import SimDeadlock, Simulation
+    from .config import TrainConfig
     from .entry import worker_entry
     from .restart import WorkerLost
 
-    meeting = InProcessWorld(world, timeout_s=max(60.0, float(timeout_s)))
+    cfg = TrainConfig.model_validate_json(args[0])
+    sim = Simulation(cfg.simulated_clock, seed=cfg.seed) if simulated(cfg) else None
+    meeting = InProcessWorld(world, timeout_s=max(60.0, float(timeout_s)), sim=sim)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
 
@@ -110,12 +129,21 @@ def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
             errors[rank] = e
             meeting.abort()
 
-    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    roots = {r: e for r, e in errors.items() if not isinstance(e, PeerFailed)}
+    if sim is None:
+        threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for r in range(world):
+            sim.spawn(rank_main, (r,), f"rank-{r}")
+        sim.run(timeout_s)
+        for res in results.values():
+            for entry in res.get("ranks", []):
+                entry["simulated_clock"] = sim.summary()
+    consequences = (PeerFailed, SimDeadlock)
+    roots = {r: e for r, e in errors.items() if not isinstance(e, consequences)}
     return local_outcome(world, results, roots or errors, {}, WorkerLost)
 
 

@@ -23,6 +23,11 @@ The random delays come from ``numpy.random.default_rng([seed, rank])`` with exac
 per step, delayed or not, so the sequence of delayed steps of a worker is a pure function of
 (seed, rank, step) and a rerun reproduces it. The optimizer step and communication are not
 touched: only forward and backward are wrapped.
+
+In a simulated run (the ``inprocess`` launcher's simulated clock, :mod:`.comm.simclock`) the
+wrapped block takes no virtual time of its own: the step's virtual compute time comes from the
+simulation's per-worker model, and the factor and the random delay apply to it the same way
+(``slowdown[rank] * t + delay``), so they decide the interleaving instead of the machine's load.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -59,6 +66,22 @@ class StragglerConfig(BaseModel):
         return any(f > 1.0 for f in self.slowdown.values()) or (self.delay_s > 0 and self.delay_prob > 0)
 
 
+class SimClockConfig(BaseModel):
+    """The simulated clock of the ``inprocess`` launcher (``pipeline.train.comm.simclock``): the per-worker
+    compute-time model and the message delays of the runs that depend on time."""
+
+    model_config = ConfigDict(extra="forbid")
+    step_s: float = Field(0.01, gt=0, description="virtual compute time of one training step (forward + backward)")
+    step_jitter: float = Field(0.1, ge=0, lt=1, description="a step takes step_s x u, u uniform in [1 - j, 1 + j], "
+                                                            "drawn per (seed, rank, step)")
+    latency_s: float = Field(0.0005, ge=0, description="virtual delay of every message and collective")
+    bytes_per_s: float = Field(1e9, gt=0, description="virtual bandwidth: a message of n bytes takes n / bytes_per_s more")
+    seed: Optional[int] = Field(None, description="seed of the compute times and of the order of equal times "
+                                                  "(default: the run seed)")
+    always: bool = Field(False, description="every inprocess run under the simulated clock, also one whose result "
+                                            "does not depend on time (default: only those that do)")
+
+
 class StragglerSimulator:
     """Per-worker slowdown and random delays around the compute step (see module docstring)."""
 
@@ -73,6 +96,9 @@ class StragglerSimulator:
         self.steps = 0
         self.delayed_steps = 0
         self.injected_s = 0.0  # total simulated extra time of this worker
+        from .comm import simclock
+
+        self.simulated = simclock.current() is not None   # a step's time is virtual (module docstring)
 
     @property
     def active(self) -> bool:
@@ -90,7 +116,22 @@ class StragglerSimulator:
 
     @contextmanager
     def compute(self) -> Iterator[None]:
-        """Wrap one compute step; sleeps afterwards as configured (a no-op when inactive)."""
+        """Wrap one compute step; sleeps afterwards as configured (a no-op when inactive). In a
+        simulated run: the step's virtual compute time, slowed and delayed as configured."""
+        if self.simulated:
+            from .comm import simclock
+
+            yield
+            before = self.injected_s
+            extra = [0.0]
+
+            def slowed(base: float) -> float:
+                extra[0] = self.extra_seconds(base)
+                return extra[0]
+
+            simclock.compute_step(self.rank, slowed)
+            self.injected_s = before + extra[0]
+            return
         if not self.active:
             yield
             return

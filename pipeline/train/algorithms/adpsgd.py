@@ -44,16 +44,16 @@ at most one averaging at a time.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Literal, Optional
 
 import numpy as np
 import torch
 from pydantic import Field
 
+from ..comm import simclock
 from ..comm.fusion import flatten, unflatten_
 from ..comm.liveness import wait_until
-from ..comm.p2p import END, LEAVE, REQ, P2PChannel, PeerError
+from ..comm.p2p import END, LEAVE, REQ, P2PChannel, PeerError, open_channel
 from ..comm.round_server import RoundServer
 from . import BuildContext, Spec
 from .async_common import AsyncAlgorithm, AsyncParams, exchanged_tensors
@@ -78,7 +78,7 @@ class PairAveraging:
         self.ch, self.tensors, self.lock = channel, tensors, lock
         self.keepalive = keepalive
         self.per_step = bool(per_step)  # at most one averaging (started by an active) per notify_step()
-        self._stepped = threading.Event()
+        self._stepped = simclock.event()
         self.stats = stats or AsyncStats()
         self.rank, self.world = channel.rank, channel.world_size
         self.actives = list(range(0, self.world, 2))
@@ -89,17 +89,17 @@ class PairAveraging:
         self.grad_steps = grad_steps
         self.round = 0
         self.error: Optional[BaseException] = None
-        self._go, self._stop, self._done = threading.Event(), threading.Event(), threading.Event()
+        self._go, self._stop, self._done = simclock.event(), simclock.event(), simclock.event()
         self._leaving = False
         self._state = "idle"  # what the active thread does now (for error messages)
         self._peer: Optional[int] = None  # the passive the active thread talks to now
         self._numel = sum(t.numel() for t in tensors)
         self._dtype = tensors[0].dtype
-        self.serve_lock = threading.Lock()
+        self.serve_lock = simclock.lock()
         self.server: Optional[RoundServer] = None
-        self.thread: Optional[threading.Thread] = None
+        self.thread = None
         if self.world > 1 and self.active:
-            self.thread = threading.Thread(target=self._main, daemon=True, name=f"adpsgd-active-{self.rank}")
+            self.thread = simclock.thread(self._main, name=f"adpsgd-active-{self.rank}")
             self.thread.start()
         elif self.world > 1:
             self.server = RoundServer(channel, self.actives, self._handle, f"adpsgd-passive-{self.rank}")
@@ -173,7 +173,7 @@ class PairAveraging:
                 self._exchange(j)
                 self._peer = None
                 if self.delay_s:
-                    time.sleep(self.delay_s)
+                    simclock.sleep(self.delay_s)
             kind = LEAVE if self._leaving else END
             for j in self.passives:
                 self._state, self._peer = f"active sending {'LEAVE' if kind == LEAVE else 'END'} to rank {j}", j
@@ -209,7 +209,7 @@ class PairAveraging:
                 unflatten_(theirs - mine, self.tensors, add=0.5)
             self.ch.send(mine, src)
             if self.delay_s:
-                time.sleep(self.delay_s)
+                simclock.sleep(self.delay_s)
         self.stats.add_exchange()
         self.stats.add_staleness(0)
 
@@ -229,7 +229,7 @@ class ADPSGD(AsyncAlgorithm):
         self.tensors = exchanged_tensors(self.params, averager)
         self.core: Optional[PairAveraging] = None
         if comm.world_size > 1:
-            self.channel = P2PChannel(adpsgd_pairs(comm.world_size), self.liveness)
+            self.channel = open_channel(comm, adpsgd_pairs(comm.world_size), self.liveness)
             self.core = PairAveraging(self.channel, self.tensors, self.lock, self.stats, seed=seed,
                                       grad_steps=lambda: self.stats.grad_steps, per_step=pace == "step")
 

@@ -33,24 +33,22 @@ broadcast, group averages, metrics), on the communicator's host view (``comm.hos
 """
 from __future__ import annotations
 
-import concurrent.futures
-import threading
-import time
 from typing import Any, Callable, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import ConfigError
+from ..comm import simclock
 from ..comm.liveness import wait_until
 from .async_stats import AsyncStats, combine
 from .averaging import bn_buffers
 from .base import RoundAlgorithm
 
-TORCH_LAUNCHERS = "launcher=torch or launcher=local"
+TORCH_LAUNCHERS = "launcher=torch or launcher=local (or launcher=inprocess, simulated)"
 LEAVE_WAIT_S = 10.0   # how long a worker that stops serves peers still to leave (close(), also after a failure)
 ASYNC_ALGORITHMS = ("adpsgd", "eawild", "async_ps")
-ASYNC_LAUNCHERS = ("torch", "local")
+ASYNC_LAUNCHERS = ("torch", "local", "inprocess")
 
 
 class AsyncParams(BaseModel):
@@ -114,10 +112,15 @@ def exchanged_tensors(model_params, averager) -> list[torch.Tensor]:
     return ts
 
 
-def future_done(fut: concurrent.futures.Future) -> Callable[[float], bool]:
-    """``done(timeout)`` of a future, for :func:`~..comm.liveness.wait_until`."""
-    def done(timeout: float) -> bool:
-        concurrent.futures.wait([fut], timeout=timeout)
+def future_done(fut) -> Callable[[Optional[float]], bool]:
+    """``done(timeout)`` of a future (``concurrent.futures.Future`` or its simulated counterpart,
+    :func:`~..comm.simclock.future`), for :func:`~..comm.liveness.wait_until`."""
+    def done(timeout: Optional[float]) -> bool:
+        if not fut.done():
+            try:
+                fut.exception(timeout)   # waits up to ``timeout``
+            except TimeoutError:
+                pass
         return fut.done()
 
     return done
@@ -145,7 +148,8 @@ class AsyncAlgorithm(RoundAlgorithm):
         self.rounds_done = 0
         self.round_finished = False
         self.steps_in_round = 0
-        self.lock = threading.Lock()  # held while anything writes the model
+        self.lock = simclock.lock()  # held while anything writes the model
+        self.clock = simclock.clock()  # virtual seconds in a simulated run (comm/simclock.py)
         self.stats = AsyncStats()
         self.channel = None
         # collective at construction (same order on every rank): the host view, then the heartbeats
@@ -155,7 +159,7 @@ class AsyncAlgorithm(RoundAlgorithm):
         self._in_round = False
         self._closed = False
         self._last_metrics: dict = {}
-        self._round_t0 = time.perf_counter()
+        self._round_t0 = self.clock()
 
     def on_start(self, worker: Any = None) -> None:
         """Waiting for a peer that makes progress beats the worker's watchdog (see module docstring)."""
@@ -163,11 +167,11 @@ class AsyncAlgorithm(RoundAlgorithm):
 
     # -- the round protocol
     def reset_clock(self) -> None:
-        self._round_t0 = time.perf_counter()
+        self._round_t0 = self.clock()
 
     def _round_due(self) -> bool:
         if self.round_seconds is not None:
-            return time.perf_counter() - self._round_t0 >= self.round_seconds
+            return self.clock() - self._round_t0 >= self.round_seconds
         return self.steps_in_round >= self.round_steps
 
     # -- the hook protocol
@@ -189,14 +193,14 @@ class AsyncAlgorithm(RoundAlgorithm):
             self.finish_round()
 
     def finish_round(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.end_comm_round()
-        self.stats.add_idle(time.perf_counter() - t0)
+        self.stats.add_idle(self.clock() - t0)
         self._in_round = False
         self.rounds_done += 1
         self.steps_in_round = 0
         self.round_finished = True
-        self._round_t0 = time.perf_counter()
+        self._round_t0 = self.clock()
 
     def in_sync(self) -> bool:
         return self.comm.world_size == 1
@@ -205,12 +209,12 @@ class AsyncAlgorithm(RoundAlgorithm):
     def wait(self, done: Callable[[float], bool], peers, what: str, idle: bool = True) -> None:
         """Wait for ``done`` while ``peers`` are alive (see module docstring); the time counts as idle
         (``idle=False``: a wait the caller accounts for, the round end's)."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             wait_until(done, self.liveness, peers, what, self.keepalive)
         finally:
             if idle:
-                self.stats.add_idle(time.perf_counter() - t0)
+                self.stats.add_idle(self.clock() - t0)
 
     # -- measurements (collective over the world, at round boundaries)
     def eval_metrics(self) -> dict:

@@ -3,13 +3,16 @@
 Every evaluation record of an asynchronous run carries (:func:`combine`, from every worker's
 :meth:`AsyncStats.snapshot`): the staleness histogram and mean, each worker's idle fraction
 (waiting at round ends, for the holder's reply or lock), exchanges per second, each worker's
-averaging rate (exchanges per gradient step) and step rate, and the global step count.
+averaging rate (exchanges per gradient step) and step rate, and the global step count. Times are
+read from the clock of the thread that makes the counters: virtual seconds in a simulated run
+(:mod:`~..comm.simclock`).
 """
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
+
+from ..comm import simclock
 
 
 class AsyncStats:
@@ -17,6 +20,7 @@ class AsyncStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.clock = simclock.clock()
         self.total_steps = 0  # gradient steps of the whole run (not reset)
         self.reset()
 
@@ -26,7 +30,7 @@ class AsyncStats:
             self.exchanges = 0
             self.idle_s = 0.0
             self.grad_steps = 0
-            self.t0 = time.perf_counter()
+            self.t0 = self.clock()
 
     def add_step(self) -> None:
         with self._lock:
@@ -48,7 +52,7 @@ class AsyncStats:
     def snapshot(self) -> dict:
         """Plain data (it travels to the other workers as JSON)."""
         with self._lock:
-            wall = max(time.perf_counter() - self.t0, 1e-9)
+            wall = max(self.clock() - self.t0, 1e-9)
             return {"staleness": {str(k): v for k, v in self.staleness.items()}, "exchanges": self.exchanges,
                     "idle_s": self.idle_s, "grad_steps": self.grad_steps, "total_steps": self.total_steps,
                     "wall_s": wall}

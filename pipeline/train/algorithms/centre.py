@@ -17,15 +17,15 @@
 """
 from __future__ import annotations
 
-import queue
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 import torch
 
+from ..comm import simclock
 from ..comm.fusion import flatten, split_like
-from ..comm.p2p import ACQUIRE, END, LEAVE, PUSH, P2PChannel, PeerError
+from ..comm.p2p import ACQUIRE, END, LEAVE, PUSH, P2PChannel, PeerError, open_channel
 from ..comm.round_server import RoundServer
 from .async_common import AsyncAlgorithm, check_group_size, exchanged_tensors, future_done
 from .async_stats import AsyncStats
@@ -38,7 +38,7 @@ class FairLock:
     """A FIFO lock by tickets (threading.Lock is not fair); ``owner`` is the rank holding it."""
 
     def __init__(self) -> None:
-        self._cv = threading.Condition()
+        self._cv = simclock.condition()
         self._next = 0
         self._serving = 0
         self.owner: Optional[int] = None
@@ -80,7 +80,7 @@ class CentreHolder:
         self.ch, self.c, self.rule, self.locked = channel, c0.clone(), rule, bool(locked)
         self.payload_numel = int(payload_numel)
         self.stats = stats or AsyncStats()
-        self.mutex = threading.Lock()
+        self.mutex = simclock.lock()
         self.fair = FairLock()
         self.version = 0
         self.order: list[int] = []
@@ -160,8 +160,8 @@ class SendingThread:
     at interpreter exit, which would hang a failed worker whose request waits on a frozen peer)."""
 
     def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self._calls = simclock.queue()
+        self._thread = simclock.thread(self._run, name=name)
         self._thread.start()
 
     def _run(self) -> None:
@@ -178,7 +178,7 @@ class SendingThread:
                 fut.set_exception(e)
 
     def submit(self, fn, *args) -> Future:
-        fut: Future = Future()
+        fut = simclock.future()
         self._calls.put((fut, fn, args))
         return fut
 
@@ -304,7 +304,7 @@ class CentreAlgorithm(AsyncAlgorithm):
         self.leader = comm.rank - comm.rank % self.group_size  # the rank of this group that talks to the centre
         self.clients = [j for _, j in centre_pairs(m, self.group_size)]
         pushes = comm.rank == self.leader
-        self.channel = P2PChannel(centre_pairs(m, self.group_size), self.liveness if pushes else None) \
+        self.channel = open_channel(comm, centre_pairs(m, self.group_size), self.liveness if pushes else None) \
             if m > 1 else None
         self.group = None
         if self.group_size > 1:  # every rank creates every group, in order (a world collective)

@@ -8,16 +8,18 @@ the policy says ``average``) travel as ONE contiguous vector (``comm.fusion.flat
 * :class:`LocalSteps` -- how many local steps a worker takes before it communicates:
   ``fixed`` (H), ``geometric`` (a fresh H_i ~ Geometric(1/H) per worker and round, mean H,
   drawn from ``default_rng([seed, rank, round])`` so a resumed run redraws the same value),
-  or ``time`` (as many steps as fit in ``round_seconds`` of wall clock; the time-budgeted
-  mode, in which a slow worker simply takes fewer steps instead of making others wait).
+  or ``time`` (as many steps as fit in ``round_seconds`` of wall clock -- virtual seconds in a
+  simulated run, :mod:`~..comm.simclock`; the time-budgeted mode, in which a slow worker simply
+  takes fewer steps instead of making others wait).
 """
 from __future__ import annotations
 
-import time
 from typing import Literal, Optional, Sequence
 
 import numpy as np
 import torch
+
+from ..comm import simclock
 
 Schedule = Literal["fixed", "geometric", "time"]
 
@@ -35,7 +37,7 @@ class LocalSteps:
     """When a worker's round of local steps is over (see module docstring)."""
 
     def __init__(self, schedule: Schedule = "fixed", local_steps: int = 1, round_seconds: Optional[float] = None,
-                 seed: int = 0, rank: int = 0, clock=time.perf_counter) -> None:
+                 seed: int = 0, rank: int = 0, clock=None) -> None:
         if schedule not in ("fixed", "geometric", "time"):
             raise ValueError(f"local-step schedule {schedule!r}: expected fixed|geometric|time")
         if schedule == "time" and not (round_seconds and round_seconds > 0):
@@ -46,9 +48,9 @@ class LocalSteps:
         self.H = int(local_steps)
         self.round_seconds = round_seconds
         self.seed, self.rank = int(seed), int(rank)
-        self._clock = clock
+        self._clock = clock if clock is not None else simclock.clock()
         self.target = self.H
-        self.t0 = clock()
+        self.t0 = self._clock()
 
     @property
     def variable(self) -> bool:

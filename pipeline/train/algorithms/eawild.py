@@ -45,7 +45,6 @@ makes the other algorithms do.
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future
 from typing import Optional
 
@@ -209,7 +208,7 @@ class EAWild(CentreAlgorithm):
         """Algorithm 1 for a group (see module docstring): one allreduce of the group, the leader
         pulls before it and pushes the group's mean after it. Carries the time-mode round flag."""
         g, n = self.group_size, self.numel
-        due = self.round_seconds is not None and time.perf_counter() - self._round_t0 >= self.round_seconds
+        due = self.round_seconds is not None and self.clock() - self._round_t0 >= self.round_seconds
         leads = self.comm.rank == self.leader
         c = self._pull() if leads else None
         with self.lock:
@@ -219,9 +218,9 @@ class EAWild(CentreAlgorithm):
                            torch.tensor([g * float(due)], dtype=pre.dtype)])
         if c is not None:
             v[n:2 * n].add_(c.to(pre.dtype), alpha=g * a)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.host.allreduce_mean_([v], group=self.group)
-        self.stats.add_idle(time.perf_counter() - t0)
+        self.stats.add_idle(self.clock() - t0)
         self._group_due = bool(v[-1] > 0)
         with self.lock:
             unflatten_(v[n:2 * n], self.tensors)

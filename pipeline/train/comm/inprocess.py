@@ -11,19 +11,26 @@ compute, in a fixed order, so every rank ends a collective with the same values:
   tensors, only the two partners calling (``collective_exchange`` False, as torch.distributed);
 * ``stats``: the payload bytes the real backends count for the same call.
 
-There is no point-to-point channel (``point_to_point`` False): the asynchronous algorithms are
-refused with this launcher (``pipeline.train.algorithms.async_common.check_launcher``). A rank that
-fails breaks every rendezvous, so the other ranks stop at their next collective with
+A world made with a :class:`~.simclock.Simulation` (``sim``) runs its ranks under the simulated
+clock: one thread at a time, every rendezvous, mailbox and pair channel a simulated wait, and every
+collective or message delivered after its virtual delay. Only such a world has point-to-point
+channels (``point_to_point``; :meth:`InProcessCommunicator.p2p_channel`, the
+:class:`~.p2p.SimChannel` of the asynchronous algorithms): their interleaving then depends on the
+seed and the simulation's model only. Without it the ranks run freely on their threads (the
+synchronous algorithms, whose results do not depend on the interleaving).
+
+A rank that fails breaks every rendezvous, so the other ranks stop at their next collective with
 :class:`PeerFailed` instead of waiting; the launcher reports the rank that failed first.
 """
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from typing import Any, Optional, Sequence
 
 import torch
 
+from . import simclock
 from .base import Communicator, Group, nbytes
 
 _current = threading.local()
@@ -38,31 +45,73 @@ class _Room:
 
     def __init__(self, ranks: tuple[int, ...], timeout_s: float) -> None:
         self.ranks = ranks
-        self.barrier = threading.Barrier(len(ranks), timeout=timeout_s)
+        self.timeout_s = timeout_s
+        self.cv = simclock.condition()
         self.slots: list[Any] = [None] * len(ranks)
+        self.arrived = 0
+        self.generation = 0
+        self.out: list[Any] = []
+        self.broken = False
 
     def gather(self, rank: int, payload: Any) -> list[Any]:
         i = self.ranks.index(rank)
-        self.slots[i] = payload
-        try:
-            self.barrier.wait()
-            out = list(self.slots)
-            self.barrier.wait()          # nobody overwrites a slot before every member has read them
-        except threading.BrokenBarrierError:
-            raise PeerFailed(f"rank {rank}: another rank of the in-process world failed") from None
-        return out
+        with self.cv:
+            if self.broken:
+                raise PeerFailed(f"rank {rank}: another rank of the in-process world failed")
+            self.slots[i] = payload
+            self.arrived += 1
+            if self.arrived == len(self.ranks):     # the last one in: everyone's payloads, in rank order
+                self.out, self.slots = list(self.slots), [None] * len(self.ranks)
+                self.arrived = 0
+                self.generation += 1
+                self.cv.notify_all()
+                return self.out
+            gen = self.generation
+            if not self.cv.wait_for(lambda: self.generation != gen or self.broken, self.timeout_s) \
+                    or self.generation == gen:
+                self.broken = True
+                self.cv.notify_all()
+                raise PeerFailed(f"rank {rank}: another rank of the in-process world failed or did not arrive "
+                                 f"within {self.timeout_s:.0f} s")
+            return self.out      # the next generation cannot complete before this rank joins it
+
+    def abort(self) -> None:
+        with self.cv:
+            self.broken = True
+            self.cv.notify_all()
+
+
+class _Mailbox:
+    """Payloads from one rank to another, in order."""
+
+    def __init__(self) -> None:
+        self.cv = simclock.condition()
+        self.items: collections.deque = collections.deque()
+
+    def put(self, item: Any) -> None:
+        with self.cv:
+            self.items.append(item)
+            self.cv.notify_all()
+
+    def get(self, failed: threading.Event, timeout_s: float) -> Any:
+        with self.cv:
+            if not self.cv.wait_for(lambda: self.items or failed.is_set(), timeout_s) or not self.items:
+                raise PeerFailed("another rank of the in-process world failed or did not answer")
+            return self.items.popleft()
 
 
 class InProcessWorld:
     """The meeting place of the ranks of one in-process run."""
 
-    def __init__(self, size: int, timeout_s: float = 600.0) -> None:
+    def __init__(self, size: int, timeout_s: float = 600.0, sim: Optional[simclock.Simulation] = None) -> None:
         if size < 1:
             raise ValueError(f"an in-process world needs at least one rank, got {size}")
         self.size, self.timeout_s = int(size), float(timeout_s)
+        self.sim = sim
+        self.messages = simclock.Mailboxes(sim) if sim is not None else None
         self._lock = threading.Lock()
         self._rooms: dict[tuple[int, ...], _Room] = {}
-        self._mail: dict[tuple[int, int], queue.Queue] = {}
+        self._mail: dict[tuple[int, int], _Mailbox] = {}
         self.failed = threading.Event()
 
     def room(self, ranks: tuple[int, ...]) -> _Room:
@@ -73,17 +122,27 @@ class InProcessWorld:
                 self._rooms[ranks] = _Room(ranks, self.timeout_s)
             return self._rooms[ranks]
 
-    def mailbox(self, src: int, dst: int) -> queue.Queue:
+    def mailbox(self, src: int, dst: int) -> _Mailbox:
         with self._lock:
-            return self._mail.setdefault((src, dst), queue.Queue())
+            if (src, dst) not in self._mail:
+                self._mail[(src, dst)] = _Mailbox()
+            return self._mail[(src, dst)]
+
+    def delay(self, nbytes_: int) -> None:
+        """A simulated world: the calling rank waits out a transfer of ``nbytes_`` (virtual time)."""
+        if self.sim is not None:
+            self.sim.sleep(self.sim.transfer_seconds(nbytes_))
 
     def abort(self) -> None:
         """A rank failed: every rendezvous breaks, so no rank waits for it."""
         self.failed.set()
         with self._lock:
-            rooms = list(self._rooms.values())
+            rooms, boxes = list(self._rooms.values()), list(self._mail.values())
         for r in rooms:
-            r.barrier.abort()
+            r.abort()
+        for b in boxes:
+            with b.cv:
+                b.cv.notify_all()
 
 
 def bind(world: InProcessWorld, rank: int) -> None:
@@ -101,7 +160,6 @@ def current(device_kind: str = "cpu") -> "InProcessCommunicator":
 
 class InProcessCommunicator(Communicator):
     collective_exchange = False
-    point_to_point = False
 
     def __init__(self, world: InProcessWorld, rank: int, device: torch.device | str = "cpu") -> None:
         super().__init__()
@@ -110,6 +168,19 @@ class InProcessCommunicator(Communicator):
         self._world, self._rank = world, int(rank)
         self.device = torch.device(device)
         self._host: Optional[InProcessCommunicator] = None
+        self.point_to_point = world.sim is not None   # the pair channels of a simulated world
+
+    def p2p_channel(self, pairs, liveness=None):
+        """This rank's pair channels (a simulated world only; see module docstring)."""
+        from .p2p import SimChannel
+
+        if self._world.sim is None:
+            raise RuntimeError("point-to-point channels need an in-process world with a simulated clock")
+        return SimChannel(self._world.messages, self._rank, self.world_size, pairs, liveness)
+
+    def liveness(self, dead_after_s: float):
+        """No heartbeats: the ranks share one process, and a rank that fails breaks the world."""
+        return None
 
     @property
     def rank(self) -> int:
@@ -146,6 +217,7 @@ class InProcessCommunicator(Communicator):
         room = self._room(group)
         with self._timed(nbytes(tensors)):
             parts = room.gather(self._rank, [t.detach().clone() for t in tensors])
+            self._world.delay(nbytes(tensors))
         size = len(room.ranks)
         for i, t in enumerate(tensors):
             acc = parts[0][i].clone()
@@ -163,6 +235,7 @@ class InProcessCommunicator(Communicator):
         mine = [t.detach().clone() for t in tensors] if self._rank == root else None
         with self._timed(nbytes(tensors) if self._rank == root else 0):
             parts = self._room(None).gather(self._rank, mine)
+            self._world.delay(nbytes(tensors))
         if self._rank != root:
             for t, src in zip(tensors, parts[root]):
                 t.copy_(src)
@@ -176,17 +249,18 @@ class InProcessCommunicator(Communicator):
             raise ValueError(f"invalid exchange partner {partner} for rank {self._rank}")
         with self._timed(nbytes(tensors)):
             self._world.mailbox(self._rank, partner).put([t.detach().clone() for t in tensors])
-            box = self._world.mailbox(partner, self._rank)
-            while True:
-                try:
-                    return box.get(timeout=1.0)
-                except queue.Empty:
-                    if self._world.failed.is_set():
-                        raise PeerFailed(f"rank {self._rank}: another rank of the in-process world failed") from None
+            try:
+                got = self._world.mailbox(partner, self._rank).get(self._world.failed, self._world.timeout_s)
+            except PeerFailed:
+                raise PeerFailed(f"rank {self._rank}: rank {partner} of the in-process world failed or did not "
+                                 "answer") from None
+            self._world.delay(nbytes(tensors))
+            return got
 
     def barrier(self) -> None:
         with self._timed(0):
             self._room(None).gather(self._rank, None)
+            self._world.delay(0)
 
     def allgather_(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         self.check_device("allgather_", [tensor])
@@ -194,4 +268,7 @@ class InProcessCommunicator(Communicator):
             raise ValueError("allgather_ needs a tensor of at least one dimension")
         with self._timed(tensor.numel() * tensor.element_size()):
             parts = self._room(None).gather(self._rank, tensor.detach().clone())
+            # JSON of allgather_object (bytes) costs the latency only: its length varies with the
+            # wall-clock numbers it carries, which must not move the simulated clock
+            self._world.delay(tensor.numel() * tensor.element_size() if tensor.is_floating_point() else 0)
         return [p.clone() for p in parts]

@@ -148,8 +148,9 @@ def wait_until(done: Callable[[float], bool], liveness: Optional[Liveness], peer
                keepalive: Optional[Callable[[], None]] = None) -> None:
     """Wait until ``done(timeout_s)`` is true, without a bound while the ``peers`` (a list, or a
     callable giving the ranks waited for now) are alive; PeerError as soon as one is silent.
-    ``keepalive`` is called whenever one of them made progress since the last look."""
-    poll = liveness.period_s if liveness is not None else 1.0
+    ``keepalive`` is called whenever one of them made progress since the last look. Without
+    ``liveness`` (one process: nothing to tell a dead peer from a slow one) ``done`` waits unbounded."""
+    poll = liveness.period_s if liveness is not None else None
     mark = time.monotonic()
     while not done(poll):
         if liveness is None:

@@ -84,10 +84,16 @@ class P2PChannel:
         except KeyError:
             raise PeerError(f"rank {self.rank}: no channel to rank {peer}") from None
 
+    def _send(self, t: torch.Tensor, dst: int) -> None:
+        dist.send(t, dst, group=self._group(dst))
+
+    def _recv(self, t: torch.Tensor, src: int) -> None:
+        dist.recv(t, src, group=self._group(src))
+
     def send(self, t: torch.Tensor, dst: int) -> None:
         t = _tensor(t, "send").detach().to("cpu").contiguous()
         try:
-            dist.send(t, dst, group=self._group(dst))
+            self._send(t, dst)
         except PeerError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with both ranks named
@@ -100,7 +106,7 @@ class P2PChannel:
         """Receive into the CPU tensor ``t`` from ``src``."""
         _tensor(t, "recv")
         try:
-            dist.recv(t, src, group=self._group(src))
+            self._recv(t, src)
         except PeerError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -119,3 +125,39 @@ class P2PChannel:
     def stats(self) -> dict:
         with self._count:
             return {"p2p_bytes_sent": self.bytes_sent, "p2p_messages": self.messages}
+
+
+class SimChannel(P2PChannel):
+    """The pair channels of ranks in one simulated process (:mod:`.simclock`): the same messages, byte
+    counts and errors as :class:`P2PChannel`, delivered through the simulation's mailboxes after their
+    virtual delay instead of gloo."""
+
+    def __init__(self, mail, rank: int, world_size: int, pairs: Iterable[tuple[int, int]], liveness=None) -> None:
+        self.mail, self.rank, self.world_size, self.liveness = mail, int(rank), int(world_size), liveness
+        self.groups = {}
+        for a, b in sorted({tuple(sorted((int(a), int(b)))) for a, b in pairs}):
+            if self.rank in (a, b):
+                self.groups[b if self.rank == a else a] = (a, b)
+        self.peers = sorted(self.groups)
+        self.bytes_sent = 0
+        self.messages = 0
+        self._count = threading.Lock()
+
+    def _send(self, t: torch.Tensor, dst: int) -> None:
+        self._group(dst)
+        self.mail.put(self.rank, dst, t.clone())
+
+    def _recv(self, t: torch.Tensor, src: int) -> None:
+        self._group(src)
+        got = self.mail.get(src, self.rank)
+        if got.numel() != t.numel() or got.dtype != t.dtype:
+            raise PeerError(f"rank {self.rank}: a message of {got.numel()} {got.dtype} from rank {src} where "
+                            f"{t.numel()} {t.dtype} were expected")
+        t.copy_(got.view_as(t))
+
+
+def open_channel(comm, pairs: Iterable[tuple[int, int]], liveness=None) -> P2PChannel:
+    """The pair channels of ``comm``'s rank: the communicator's own when it has them (a simulated
+    in-process world), else gloo's (:class:`P2PChannel`; collective, see module docstring)."""
+    make = getattr(comm, "p2p_channel", None)
+    return make(pairs, liveness) if make is not None else P2PChannel(pairs, liveness)

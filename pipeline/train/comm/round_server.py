@@ -13,10 +13,9 @@ instrumentation point: a test holds the gate there to drive a waiting request in
 """
 from __future__ import annotations
 
-import threading
-import time
 from typing import Callable, Optional
 
+from . import simclock
 from .liveness import wait_until
 from .p2p import END, LEAVE, PeerError
 
@@ -26,15 +25,15 @@ class RoundServer:
 
     def __init__(self, channel, clients, handle: Callable[[int, int], None], name: str) -> None:
         self.ch, self.clients, self.handle = channel, list(clients), handle
-        self.cv = threading.Condition()
+        self.cv = simclock.condition()
+        self.clock = simclock.clock()
         self.begun = -1
         self.ended = {c: -1 for c in self.clients}
         self.left: set[int] = set()
         self.leaving = False
         self.error: Optional[BaseException] = None
         self.opened: Optional[Callable[[int], None]] = None
-        self.threads = [threading.Thread(target=self._serve, args=(c,), daemon=True, name=f"{name}-{c}")
-                        for c in self.clients]
+        self.threads = [simclock.thread(self._serve, (c,), name=f"{name}-{c}") for c in self.clients]
         for t in self.threads:
             t.start()
 
@@ -96,9 +95,9 @@ class RoundServer:
         with self.cv:
             self.leaving = True
             self.cv.notify_all()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else self.clock() + timeout_s
         for t in self.threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            t.join(None if deadline is None else max(0.0, deadline - self.clock()))
         self.check()
         if any(t.is_alive() for t in self.threads):
             raise PeerError(f"rank {self.ch.rank}: clients {sorted(set(self.clients) - self.left)} did not leave "
