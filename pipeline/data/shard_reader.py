@@ -235,20 +235,30 @@ class ShardReader:
 
 def read_all(path: str, features: str, scaling: Optional[dict] = None, batch_size: int = 1024,
              rank: int = 0, world: int = 1) -> Iterator[tuple]:
-    """Evaluation reading in file order; rank r of ``world`` keeps rows ``i % world == r``."""
-    import torch
+    """Evaluation reading in file order. Rank r of ``world`` reads only its contiguous slice of the
+    rows, ``[N r / world, N (r + 1) / world)``: the row groups that hold it are the only ones it
+    decodes (the row counts come from the Parquet footers), so the ranks share the decoding."""
+    from .parquet import decode_table, open_parquet, row_groups
 
-    offset = 0
-    with ShardReader(path, batch_size, features, shuffle=False, scaling=scaling, mode="stream") as r:
-        for inputs, y in r:
-            n = y.shape[0]
-            keep = (torch.arange(offset, offset + n) % world) == rank
-            offset += n
-            if world > 1:
-                inputs = tuple(t[keep] for t in inputs)
-                y = y[keep]
-            if y.numel():
-                yield inputs, y
+    check_columns(path, features)
+    transform = make_transform(features, scaling)
+    columns = FEATURE_COLUMNS[features]
+    groups = row_groups(path)
+    n = sum(g.rows for g in groups)
+    lo, hi = n * rank // world, n * (rank + 1) // world
+    files: dict = {}
+    start = 0
+    for g in groups:
+        end = start + g.rows
+        if end > lo and start < hi:
+            pf = files.get(g.file) or files.setdefault(g.file, open_parquet(g.file))
+            a = max(lo, start) - start
+            t = pf.read_row_group(g.index, columns=columns).slice(a, min(hi, end) - start - a)
+            for off in range(0, t.num_rows, batch_size):
+                yield transform(decode_table(t.slice(off, batch_size), columns, g.file))
+        start = end
+        if start >= hi:
+            break
 
 
 def count_rows(path: str) -> int:
@@ -270,15 +280,23 @@ def probe_shape(path: str, features: str) -> dict:
 
 
 def label_count(paths: Sequence[str]) -> int:
-    """1 + the largest label found in the given directories (number of classes)."""
+    """1 + the largest label found in the given directories (number of classes): from the row
+    groups' statistics in the Parquet footers where they hold a maximum, else from the column."""
     import pyarrow.compute as pc
 
-    from .parquet import parquet_files, read_parquet_table
+    from .parquet import open_parquet, parquet_files
 
     mx = 0
     for path in paths:
         for f in parquet_files(path):
-            col = read_parquet_table(f, ["label"]).column("label")
+            pf = open_parquet(f)
+            md = pf.metadata
+            j = next((k for k in range(md.num_columns) if md.schema.column(k).path == "label"), None)
+            stats = [md.row_group(i).column(j).statistics for i in range(md.num_row_groups)] if j is not None else []
+            if j is not None and all(st is not None and st.has_min_max for st in stats):
+                mx = max([mx] + [int(st.max) for st in stats])
+                continue
+            col = pf.read(columns=["label"]).column("label")
             if len(col):
                 mx = max(mx, int(pc.max(col).as_py()))
     return mx + 1

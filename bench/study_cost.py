@@ -1,0 +1,170 @@
+"""What a study's run costs on the local launcher (one process per worker) and on the in-process
+launcher (the workers as ranks of one process), at M = 16 on Fashion-MNIST with H&B's protocol.
+
+Three measurements, each a ratio against the local launcher measured in the same run:
+
+* ``runs``: one E1-protocol run (e1_workers, M = 16, LeNet-5 with BatchNorm) and one E3.2.4 run
+  (e3_2_4_household_overlap, L_W = 32, S_H = 8), ``--steps`` steps each with the protocol's
+  validation: wall time of the training stage, steps/s of the training loop, and the ratio;
+* ``batch``: ten E3.2.4 runs one after another (seeds 0-9 of that cell, ``--steps`` each), the way a
+  study runs them: total wall time on each launcher and the ratio (target: at least 5x);
+* ``start``: the fixed cost of a real M = 16 run on the local launcher (E1 protocol with plain
+  LeNet-5, so that older code runs it too, 10 steps): the
+  training stage's wall time less its training loop (process starts, plan, the final test
+  evaluation), ``--repeat`` times; with ``--repo`` another checkout's code is measured (the
+  baseline of a change: run it once with the old checkout and once with the new one).
+
+The data (Fashion-MNIST ingested and sharded as the studies do) comes from the studies' cache
+(``--data``, default runs/studies/data) and is made there once if missing (Spark). Run it alone on
+an idle machine; it prints the load average beside every figure.
+
+    .venv/bin/python bench/study_cost.py [--only runs,batch,start] [--steps 100] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def load() -> str:
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
+def run_config(study: str, select: dict, seed: int, data: Path, launcher: str, steps: int, out: Path,
+               fixed: dict | None = None):
+    """The train config of one run of a shipped study (its data made once), with the launcher and
+    the step budget set; ``fixed``: more overrides of every cell (keys the measured code may not know
+    are left out, so an older checkout runs the same config)."""
+    import yaml
+
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.spec import StudyConfig
+    from pipeline.studies.runner import prepare_data, stage_configs
+
+    doc = yaml.safe_load((HERE / "configs" / "experiments" / f"{study}.yaml").read_text())
+    doc = {k: v for k, v in doc.items() if k in StudyConfig.model_fields}
+    doc["base"] = str(HERE / doc["base"])
+    doc["fixed"] = {**doc.get("fixed", {}), **(fixed or {})}
+    spec = StudyConfig.model_validate(doc)
+    plan = plan_study(spec)
+    cell = next(c for c in plan.cells if c.matches(select))
+    cfg = plan.config(cell, seed)
+    p = prepare_data(cfg, spec.workflow, data, spark_if_missing(cfg, spec.workflow, data))
+    p["train"] = out
+    t = stage_configs(cfg, spec.workflow, p)["train"]
+    return t.model_copy(update={"launcher": launcher, "max_steps": steps, "progress": False,
+                                "checkpoint_every": 0})
+
+
+def spark_if_missing(cfg, workflow: str, data: Path):
+    """A local Spark session when a dataset of this run is not in the cache yet, else None."""
+    from pipeline.studies.runner import data_paths
+    from pipeline.studies.workspace import is_complete
+
+    if all(is_complete(out) for _, _, out in data_paths(cfg, workflow, data)[1]):
+        return None
+    from pipeline.config import SparkConfig
+    from pipeline.spark import get_spark
+
+    return get_spark(SparkConfig(master="local[2]"))
+
+
+def one_run(cfg) -> dict:
+    from pipeline.train.launch import train
+
+    t0 = time.time()
+    s = train(cfg)
+    wall = time.time() - t0
+    return {"wall": wall, "train": float(s["train_seconds"]), "steps": int(s["steps"]),
+            "acc": float(s["test_accuracy"]), "fixed": wall - float(s["train_seconds"])}
+
+
+def spread(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):.1f} s (min {min(xs):.1f}, max {max(xs):.1f}, n {len(xs)})"
+
+
+def bench_runs(data: Path, tmp: Path, steps: int) -> None:
+    print(f"\n== one run at M = 16, {steps} steps ({load()})")
+    print("| run | launcher | wall s | steps/s (training loop) | test accuracy | local / inprocess wall |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for label, study, sel in (("E1 protocol", "e1_workers", {"workers": 16}),
+                              ("E3.2.4", "e3_2_4_household_overlap", {"variant": "LW32", "shard.household_shards": 8})):
+        res = {}
+        for launcher in ("local", "inprocess"):
+            cfg = run_config(study, sel, 0, data, launcher, steps, tmp / f"{study}-{launcher}")
+            res[launcher] = one_run(cfg)
+        for launcher, r in res.items():
+            ratio = f"{res['local']['wall'] / r['wall']:.2f}x" if launcher == "inprocess" else ""
+            print(f"| {label} | {launcher} | {r['wall']:.1f} | {r['steps'] / r['train']:.1f} | {r['acc']:.4f} | "
+                  f"{ratio} |", flush=True)
+        print(f"({load()})")
+
+
+def bench_batch(data: Path, tmp: Path, steps: int, runs: int = 10) -> None:
+    print(f"\n== a batch of {runs} E3.2.4 runs (L_W = 32, S_H = 8, seeds 0-{runs - 1}), {steps} steps each ({load()})")
+    totals = {}
+    for launcher in ("local", "inprocess"):
+        walls = []
+        t0 = time.time()
+        for seed in range(runs):
+            cfg = run_config("e3_2_4_household_overlap", {"variant": "LW32", "shard.household_shards": 8}, seed,
+                             data, launcher, steps, tmp / f"batch-{launcher}-{seed}")
+            walls.append(one_run(cfg)["wall"])
+        totals[launcher] = time.time() - t0
+        print(f"{launcher}: {totals[launcher]:.1f} s for {runs} runs; per run {spread(walls)} ({load()})", flush=True)
+    print(f"batch of {runs}: local / inprocess = {totals['local'] / totals['inprocess']:.2f}x (target >= 5x)")
+
+
+def bench_start(data: Path, tmp: Path, repeat: int) -> None:
+    print(f"\n== the fixed cost of a real M = 16 run (local launcher, E1 protocol, 10 steps; code: {code_root()})")
+    fixed = []
+    for i in range(repeat):
+        cfg = run_config("e1_workers", {"workers": 16}, 0, data, "local", 10, tmp / f"start-{i}",
+                         {"train.model": "lenet5"})
+        r = one_run(cfg)
+        fixed.append(r["fixed"])
+        print(f"  run {i + 1}: stage {r['wall']:.1f} s, training loop {r['train']:.1f} s, fixed {r['fixed']:.1f} s "
+              f"({load()})", flush=True)
+    print(f"fixed cost: {spread(fixed)}")
+
+
+def code_root() -> str:
+    import pipeline
+
+    return str(Path(pipeline.__file__).resolve().parents[1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="runs,batch,start", help="comma-separated: runs, batch, start")
+    ap.add_argument("--steps", type=int, default=100, help="steps of each run in runs and batch (default 100)")
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions of start (default 3)")
+    ap.add_argument("--data", default=str(HERE / "runs" / "studies" / "data"), help="the studies' data cache")
+    ap.add_argument("--repo", default=None, help="measure the pipeline code of this checkout instead")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(a.repo).resolve() if a.repo else HERE))
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    only = set(a.only.split(","))
+    print(f"study_cost: {os.cpu_count()} CPUs, {load()}, code {code_root()}")
+    with tempfile.TemporaryDirectory(prefix="study-cost-") as d:
+        tmp = Path(d)
+        if "runs" in only:
+            bench_runs(Path(a.data), tmp, a.steps)
+        if "batch" in only:
+            bench_batch(Path(a.data), tmp, a.steps)
+        if "start" in only:
+            bench_start(Path(a.data), tmp, a.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
