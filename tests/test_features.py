@@ -437,7 +437,8 @@ def test_feature_stage_refuses_an_unknown_work_compression(three_samples, tmp_pa
         FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "f"), work_compression="snappy")
 
 
-def test_feature_stage_balancing_is_seeded(spark, three_samples, tmp_path):
+def test_feature_stage_balancing_is_seeded(any_spark, three_samples, tmp_path):
+    spark = any_spark   # a classic and a Spark Connect session: the stage's tasks, thresholds and writers
     from pipeline.features.stage import FeaturesConfig, build_features
 
     cfg = FeaturesConfig(samples=_samples(three_samples), output=str(tmp_path / "b1"), test_fraction=0.3,

@@ -148,8 +148,10 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_materialise_every_scheme_for_4_workers(name, spark, digits, digits_table, tmp_path):
+@pytest.mark.parametrize("name,session", [*[(n, "spark") for n in LAYOUTS], ("fine_grained", "connect_spark")],
+                         ids=[*LAYOUTS, "fine_grained-connect"])   # one scheme on Spark Connect too
+def test_materialise_every_scheme_for_4_workers(name, session, request, digits, digits_table, tmp_path):
+    spark = request.getfixturevalue(session)
     out = tmp_path / name
     kw = LAYOUTS[name]
     if name == "disjoint":  # through the job entry point
