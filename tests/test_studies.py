@@ -572,3 +572,11 @@ def test_haland_studies_give_every_layout_the_disjoint_step_budget(config, tmp_p
         copies.add(c)
         assert cfg.train.epochs % c == 0, f"{cell.name}: E_target={cfg.train.epochs}, C={c}"
     assert copies  # the study has layouts to check
+
+
+def test_results_page_is_generated_from_the_committed_records():
+    """docs/results.md's tables are what `python -m jobs.results_tables` makes of results/ now: a
+    record committed without regenerating the page, or a number edited by hand, fails here."""
+    from pipeline.studies import tables
+
+    assert tables.main(["--check"]) == 0

@@ -14,7 +14,12 @@ source's::
       - {label: "S_H = 8", where: {shard.household_shards: 8}, source: ["88.29 ± 0.51"]}
     test: {against: "S_H = 8", alternative: greater}   # optional: Welch's p of each other column
                                                         # against that one, per row (one-tailed when
-                                                        # alternative is greater or less)
+                                                        # alternative is greater or less); or
+                                                        # against_row: a row, per column
+    best_by: val_accuracy        # optional: a table cell holding several study cells (a rate grid)
+                                 # shows the one with the best mean of this metric, named
+
+A row or column may also select with ``any_of: {factor: [values]}``.
 
 A region of docs/results.md between ``<!-- results-table: <study> -->`` and
 ``<!-- /results-table -->`` is replaced by the study's table. ``python -m jobs.results_tables``
@@ -44,12 +49,14 @@ class Line(BaseModel):
     model_config = ConfigDict(extra="forbid")
     label: str
     where: dict[str, Any] = Field(default_factory=dict, description="factor values of the records it holds")
+    any_of: dict[str, list[Any]] = Field(default_factory=dict, description="factor -> the values it may take")
     source: list[Optional[str]] = Field(default_factory=list, description="the source's numbers, one per row")
 
 
 class Test(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    against: str = Field(..., description="the column label every other column is tested against")
+    against: Optional[str] = Field(None, description="the column every other column is tested against, per row")
+    against_row: Optional[str] = Field(None, description="the row every other row is tested against, per column")
     alternative: Literal["two-sided", "greater", "less"] = "two-sided"
 
 
@@ -62,6 +69,8 @@ class TableSpec(BaseModel):
     rows: list[Line]
     columns: list[Line]
     test: Optional[Test] = None
+    best_by: Optional[str] = Field(None, description="where a table cell holds several study cells (e.g. a rate "
+                                                     "grid), show the one with the highest mean of this metric")
 
 
 def load_spec(study: str, root: Path = RESULTS) -> TableSpec:
@@ -74,19 +83,35 @@ def load_spec(study: str, root: Path = RESULTS) -> TableSpec:
         raise ConfigError(f"{f}: {' '.join(str(e).split())[:300]}") from None
 
 
-def _matches(rec: dict, where: dict) -> bool:
+def _matches(rec: dict, where: dict, any_of: dict) -> bool:
     f = rec.get("factors", {})
-    return all(k in f and _same(f[k], v) for k, v in where.items())
+    return all(k in f and _same(f[k], v) for k, v in where.items()) and \
+        all(k in f and any(_same(f[k], v) for v in vs) for k, vs in any_of.items())
 
 
-def _values(records: list[dict], metric: str, where: dict) -> list[float]:
+def _metric(records: list[dict], metric: str) -> list[float]:
     out = []
     for r in records:
-        if _matches(r, where):
-            v = r["metrics"].get(metric)
-            if isinstance(v, (int, float)) and not math.isnan(v):
-                out.append(float(v))
+        v = r["metrics"].get(metric)
+        if isinstance(v, (int, float)) and not math.isnan(v):
+            out.append(float(v))
     return out
+
+
+def _select(records: list[dict], spec: "TableSpec", row: Line, col: Line) -> tuple[list[float], str]:
+    """The metric's values of the records a table cell holds, and (with ``best_by``) which study
+    cell was chosen."""
+    hits = [r for r in records if _matches(r, {**row.where, **col.where}, {**row.any_of, **col.any_of})]
+    if not spec.best_by or not hits:
+        return _metric(hits, spec.metric), ""
+    cells: dict[str, list[dict]] = {}
+    for r in hits:
+        cells.setdefault(r["cell"], []).append(r)
+    scored = [(sum(v) / len(v), c) for c, recs in cells.items() if (v := _metric(recs, spec.best_by))]
+    if not scored:
+        return [], ""
+    best = max(scored)[1]
+    return _metric(cells[best], spec.metric), best
 
 
 def _p(a: list[float], b: list[float], alternative: str) -> float:
@@ -126,24 +151,34 @@ def render(study: str, root: Path = RESULTS) -> str:
         if c.source:
             header.append(f"{spec.source} {c.label}")
         header.append(f"ours {c.label}")
-    tested = [c for c in spec.columns if spec.test and c.label != spec.test.against]
-    if spec.test:
-        if spec.test.against not in [c.label for c in spec.columns]:
-            raise ConfigError(f"{root / study / 'table.yaml'}: test.against {spec.test.against!r} is not a column")
-        side = "" if spec.test.alternative == "two-sided" else ", one-tailed"
-        header += [f"p ({c.label} vs {spec.test.against}{side})" for c in tested]
+    test = spec.test
+    side = "" if test is None or test.alternative == "two-sided" else ", one-tailed"
+    tested = [c for c in spec.columns if test and test.against and c.label != test.against]
+    if test and test.against and test.against not in [c.label for c in spec.columns]:
+        raise ConfigError(f"{root / study / 'table.yaml'}: test.against {test.against!r} is not a column")
+    if test and test.against_row and test.against_row not in [r.label for r in spec.rows]:
+        raise ConfigError(f"{root / study / 'table.yaml'}: test.against_row {test.against_row!r} is not a row")
+    header += [f"p ({c.label} vs {test.against}{side})" for c in tested]
+    if test and test.against_row:
+        header += [f"p (vs {test.against_row}{side})" + (f", {c.label}" if len(spec.columns) > 1 else "")
+                   for c in spec.columns]
+    table = {(r.label, c.label): _select(records, spec, r, c) for r in spec.rows for c in spec.columns}
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for i, row in enumerate(spec.rows):
         cells = [row.label]
-        vals = {}
         for c in spec.columns:
-            vals[c.label] = _values(records, spec.metric, {**row.where, **c.where})
+            vals, chosen = table[(row.label, c.label)]
             if c.source:
                 cells.append(c.source[i] or "-")
-            cells.append(_ours(vals[c.label], spec.percent))
+            cells.append(_ours(vals, spec.percent) + (f" ({chosen})" if chosen else ""))
         for c in tested:
-            p = _p(vals[c.label], vals[spec.test.against], spec.test.alternative)
+            p = _p(table[(row.label, c.label)][0], table[(row.label, test.against)][0], test.alternative)
             cells.append("-" if math.isnan(p) else f"{p:.3g}")
+        if test and test.against_row:
+            for c in spec.columns:
+                p = math.nan if row.label == test.against_row else \
+                    _p(table[(row.label, c.label)][0], table[(test.against_row, c.label)][0], test.alternative)
+                cells.append("-" if math.isnan(p) else f"{p:.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for r in records})
     note = (f"Generated from {len(records)} run record(s) in `results/{study}/` (metric `{spec.metric}`"
