@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import time
 from typing import Iterator, Optional
 from urllib.parse import quote
@@ -39,7 +40,8 @@ from urllib.parse import quote
 from ..attempts import JobTarget
 from ..commit import OutputJob, _step
 from ..errors import BadInputError
-from ..fs import Location, check_writable, delete_file, delete_tree, list_dirs, read_bytes_if_exists, write_bytes
+from ..fs import (Location, check_writable, delete_file, delete_tree, list_dirs, list_files, read_bytes_if_exists,
+                  write_bytes)
 from ..marker import foreign_file, read_marker
 from . import deltalog, types
 
@@ -63,11 +65,32 @@ def check_table_target(final: Location) -> bool:
     if (not final.is_local or os.path.isdir(final.path)) and read_marker(final) is not None:
         raise BadInputError(f"{final}: a Parquet output of this pipeline, not a Delta table: choose another "
                             "output for the table (nothing was changed)")
-    first = foreign_file(final)
+    first = _foreign(final)
     if first is not None:
         raise BadInputError(f"{final}: not a Delta table and not empty (it holds {first}): choose another output "
                             "or remove it yourself; nothing was changed")
     return False
+
+
+def _foreign(final: Location) -> Optional[str]:
+    """The first file under ``final`` that no job on a table would have written there: files of
+    other jobs creating the same table (their prefixes, the files they moved in, a log being
+    created) are not foreign."""
+    if foreign_file(final) is None:
+        return None
+    names = [posixpath.relpath(f.path, final.path.rstrip("/")) for f in list_files(final)]
+    jobs = {n.split("/")[2] for n in names if n.startswith(JOBS_DIR + "/") and n.count("/") >= 3}
+    for n in names:
+        if n.startswith((JOBS_DIR + "/", deltalog.DELTA_LOG + "/")):
+            continue
+        m = _MOVED.search(n)
+        if m and m.group(1) in jobs:
+            continue
+        return n
+    return None
+
+
+_MOVED = re.compile(r"-([0-9a-f]{12})\.parquet$")
 
 
 class DeltaJob(OutputJob):

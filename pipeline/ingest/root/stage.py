@@ -35,7 +35,8 @@ from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
 from .files import resolve_files
 from .planning import Chunk, Plan, chunks_dataframe, plan_chunks
 from .schema import conform, schema_bytes
-from .table import check_partitions, check_table_target, nothing_new, prepare_commit, select_inputs, table_report
+from .table import (check_partitions, check_schema, check_table_target, nothing_new, prepare_commit, select_inputs,
+                    table_report)
 from .tasks import SCAN_FIELDS, STATUS_FIELDS, ingest_partition, part_name, result_ddl, scan_partition
 from .trees import first_line
 from .twopass import FilePlanning, second_pass_chunks
@@ -81,6 +82,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     if run is not None:
         check_partitions(cfg, files, ref.branches)
         ref.schema = delta_schema(ref.schema)           # the types a Delta table stores (no unsigned)
+        check_schema(cfg, out, ref.schema, next(f.path for f in ref.files if not f.error))
     spark = spark or get_spark(cfg.spark)
     if not out.is_local or any(f.startswith("s3://") for f in files):   # the tasks reach the store themselves
         forward_s3_settings(spark)
@@ -106,12 +108,15 @@ def _ingest_table(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, run
                    overwrite=cfg.mode == "overwrite", add_columns=cfg.schema_changes == "add_columns") as job:
         per_file = _run(spark, cfg, files, ref, job)
         n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
+        bad = [f for f in per_file if f.get("error")]
+        if len(bad) == len(per_file):                  # nothing to commit: the table stays as it was
+            raise BadInputError(f"no input file could be ingested; {bad[0]['file']}: {bad[0]['error']}")
         prepare_commit(job, cfg, run, ref.schema, first, per_file)
     report = table_report(job, cfg, run, per_file, n_rows, ref.branches, time.time() - t_start)
     _print_files(per_file)
     print(f"{out}: version {job.version}: {n_rows} rows from {len(per_file) - len(report['bad_files'])} new "
           f"file(s) added ({run.held} input file(s) already in the table)")
-    _raise_bad(cfg, report, len(files), f"the table's version {job.version} record")
+    _raise_bad(cfg, report, len(files), f"the commit record of version {job.version}")
     return report
 
 

@@ -12,6 +12,7 @@ from ...fs import Location
 from ...tables import deltalog
 from ...tables.job import DeltaJob, check_table_target  # noqa: F401 - check_table_target: the stage's
 from ...tables.ledger import Selection, read_ledger, select_new, source_stat
+from ...tables.types import compare
 from .config import IngestRootConfig
 
 
@@ -70,6 +71,17 @@ def check_partitions(cfg: IngestRootConfig, files: list[str], branches: list[str
         partition_value(cfg, f)
 
 
+def check_schema(cfg: IngestRootConfig, out: Location, schema, first_file: str) -> None:
+    """Before any work: the run's schema (Delta types) against the table's, when there is one
+    (:func:`pipeline.tables.types.compare`: a new branch refused by option, a changed type refused).
+    The commit checks it again against the version it commits on."""
+    if not deltalog.is_table(out):
+        return
+    snap = deltalog.snapshot(out)
+    compare(snap.schema, deltalog.normalized(schema), snap.partition_by, where=str(out), first_file=first_file,
+            add_columns=cfg.schema_changes == "add_columns")
+
+
 def prepare_commit(job: DeltaJob, cfg: IngestRootConfig, run: TableRun, schema, schema_source: str,
                    per_file: list[dict]) -> dict:
     """Hand the job what its log entry needs (schema, rows and partition value per data file,
@@ -94,7 +106,8 @@ def prepare_commit(job: DeltaJob, cfg: IngestRootConfig, run: TableRun, schema, 
         replaced = [f for f in run.selection.changed if f in run.files]
         job.removes = list(run.selection.replace)
     job.record = {"stage": "ingest_root", "tree": cfg.tree, "mode": cfg.mode, "sources": sources,
-                  "replaced": replaced, "overwrite": cfg.mode == "overwrite"}
+                  "replaced": replaced, "overwrite": cfg.mode == "overwrite",
+                  "bad_files": [{"file": f["file"], "reason": f["error"]} for f in per_file if f.get("error")]}
     return job.record
 
 

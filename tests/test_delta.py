@@ -1,0 +1,348 @@
+"""Delta tables (issue 37): ROOT ingestion with ``output_format: delta`` on the suite's Spark session,
+real ROOT files (the coffea NanoAOD samples and small trees written here with edge values), read
+back with deltalake, polars and Spark and compared with uproot; only-new-files runs, changed files,
+schema changes, partitions, time travel and the snapshot readers; concurrent writers; commits
+stopped at every step (tests/delta_drills.py) and a real kill of the job.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from delta_drills import REPO, commit_sources, run_drill
+from store_fixtures import s3  # noqa: F401 - the S3 server fixture
+from servers import environment
+
+from pipeline.errors import BadInputError
+from pipeline.ingest.root import IngestRootConfig, ingest_root
+from pipeline.inputs import dataset_files, parquet_frame
+from pipeline.tables import deltalog
+from pipeline.tables.ledger import read_ledger
+
+NANO = ["run", "luminosityBlock", "event", "nMuon", "Muon_pt", "Muon_charge"]
+
+
+def _cfg(inputs, out, **kw) -> IngestRootConfig:
+    base = dict(input=inputs, tree="Events", filter_name=NANO, output=str(out), output_format="delta",
+                mode="new_files")
+    return IngestRootConfig(**{**base, **kw})
+
+
+def _polars(table, version=None, **opts):
+    import polars as pl
+
+    return pl.read_delta(str(table), version=version, storage_options=opts or None)
+
+
+def _deltalake(table):
+    """The rows as delta-rs's own query engine reads them (DataFusion), sorted by source and event."""
+    import polars as pl
+    from deltalake import DeltaTable, QueryBuilder
+
+    r = QueryBuilder().register("t", DeltaTable(str(table))).execute("select * from t")
+    return pl.DataFrame(r.read_all())
+
+
+def _uproot(path, branches=NANO) -> dict:
+    import uproot
+
+    arrays = uproot.open(path)["Events"].arrays(branches, library="ak")
+    return {b: arrays[b].to_list() for b in branches}
+
+
+def _rows_of(df, sample) -> dict:
+    import polars as pl
+
+    sub = df.filter(pl.col("sample") == sample).sort("event")
+    return {c: sub[c].to_list() for c in NANO}
+
+
+def _sorted_by_event(d: dict) -> dict:
+    order = np.argsort(np.asarray(d["event"]), kind="stable")
+    return {k: [v[i] for i in order] for k, v in d.items()}
+
+
+def test_new_files_partitions_changes_time_travel_and_snapshot_readers(spark, tmp_path, samples_dir, capsys):
+    """Day 1: two NanoAOD files land in folders a/ and b/ (the partition column ``sample``); the
+    table's values, read with deltalake and polars, equal uproot's (unsigned branches widened to
+    int64, the values intact). A rerun is a no-op in one line; a new file is the only one read; a
+    changed file is refused, skipped or replaced by option; readers take the snapshot's files,
+    never the folder (a replaced file and a stray file stay on disk unread); versions travel."""
+    land, table = tmp_path / "land", tmp_path / "table"
+    (land / "a").mkdir(parents=True)
+    (land / "b").mkdir()
+    shutil.copy(samples_dir / "nano_dy.root", land / "a" / "x1.root")
+    shutil.copy(samples_dir / "nano_dimuon.root", land / "b" / "x2.root")
+    glob = str(land / "*" / "*.root")
+    cfg = _cfg(glob, table, partition_by="sample")
+
+    r = ingest_root(cfg, spark)
+    assert (r["version"], r["rows"], r["new_files"]) == (0, 80, 2)
+    assert sorted(p.name for p in table.iterdir()) == ["_delta_log", "_pipeline", "sample=a", "sample=b"]
+    for df in (_polars(table), _deltalake(table)):
+        assert df.height == 80
+        assert str(df.schema["event"]) == "Int64" and str(df.schema["nMuon"]) == "Int64"   # uint64/uint32 widened
+        assert _rows_of(df, "a") == _sorted_by_event(_uproot(land / "a" / "x1.root"))
+        assert _rows_of(df, "b") == _sorted_by_event(_uproot(land / "b" / "x2.root"))
+
+    # nothing new: one line, no new version
+    capsys.readouterr()
+    r = ingest_root(cfg, spark)
+    assert r["nothing_new"] and r["version"] == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"{table}: nothing new: the table (version 0) holds all 2 input file(s) unchanged; nothing was "
+                   "written"]
+
+    # a new file: only it is read
+    shutil.copy(samples_dir / "nano_dy.root", land / "a" / "x3.root")
+    r = ingest_root(cfg, spark)
+    assert [f["file"] for f in r["files"]] == [str(land / "a" / "x3.root")] and r["held_files"] == 2
+    assert (r["version"], _polars(table).height) == (1, 120)
+
+    # x1 changes (another file's bytes under its name): fail (default), skip, or replace its rows
+    shutil.copy(samples_dir / "nano_dimuon.root", land / "a" / "x1.root")
+    with pytest.raises(BadInputError, match=r"x1\.root: changed since the table ingested it at version 0.*"
+                                             r"on_changed: fail"):
+        ingest_root(cfg, spark)
+    r = ingest_root(cfg.model_copy(update={"on_changed": "skip"}), spark)
+    assert r["nothing_new"] and r["version"] == 1
+    assert "x1.root: changed since" in capsys.readouterr().out
+    old_x1 = [f for f in deltalog.snapshot(deltalog_loc(table)).files if f.partition_values["sample"] == "a"]
+    r = ingest_root(cfg.model_copy(update={"on_changed": "replace"}), spark)
+    assert r["version"] == 2 and [f["file"] for f in r["files"]] == [str(land / "a" / "x1.root")]
+    df = _polars(table)
+    assert df.height == 120
+    assert _rows_of(df, "a") == _sorted_by_event({k: a + b for (k, a), b in zip(
+        _uproot(land / "a" / "x1.root").items(), _uproot(land / "a" / "x3.root").values())})
+    assert sorted(read_ledger(deltalog_loc(table)).sources) == sorted(str(p) for p in land.glob("*/*.root"))
+
+    # readers: the snapshot's files only (the replaced part is still on disk, a stray file is never read)
+    pq.write_table(pa.table({"event": [1]}), table / "sample=a" / "stray.parquet")
+    files = dataset_files(str(table))
+    assert len(files) == 3 and not any("stray" in f for f in files)
+    replaced = [str(table / f.path) for f in old_x1 if "x1" not in f.path]
+    assert all(os.path.exists(p) for p in replaced)
+    assert not set(replaced) & {f for f in files if f not in {str(table / x.path) for x in old_x1}}
+    assert spark.read.parquet(*files).count() == 120
+    assert sorted(spark.read.option("basePath", str(table)).parquet(*files).select("sample").distinct()
+                  .toPandas()["sample"]) == ["a", "b"]
+    # time travel: version 0 held the first two files, version 1 the unchanged x1
+    assert parquet_frame(spark, str(table), columns=["event"], version=0).count() == 80
+    assert _polars(table, version=1).height == 120
+    assert sorted(_polars(table, version=0)["event"].to_list()) == sorted(
+        _uproot(samples_dir / "nano_dy.root")["event"] + _uproot(samples_dir / "nano_dimuon.root")["event"])
+    with pytest.raises(BadInputError, match="no version 9"):
+        dataset_files(str(table), version=9)
+
+    # the Parquet output of the same files keeps the unsigned types
+    pout = tmp_path / "parquet"
+    ingest_root(IngestRootConfig(input=str(land / "b" / "*.root"), tree="Events", filter_name=NANO,
+                                 output=str(pout)), spark)
+    schema = pq.read_schema(next(pout.glob("part-*.parquet")))
+    assert (str(schema.field("event").type), str(schema.field("nMuon").type)) == ("uint64", "uint32")
+
+
+def deltalog_loc(path):
+    from pipeline.fs import location
+
+    return location(str(path))
+
+
+def _tree(path: Path, **cols) -> Path:
+    import uproot
+
+    with uproot.recreate(str(path)) as f:
+        f["Events"] = {k: np.asarray(v) for k, v in cols.items()}
+    return path
+
+
+def test_unsigned_edges_and_schema_changes(spark, tmp_path):
+    """uint8/16/32 widen (255, 65535, 2^32-1 read back exactly, never negative); uint64 up to
+    2^63-1 is kept, 2^63 is refused naming the branch and the value; a new branch joins as a
+    nullable column or is refused naming branch and file; a changed type is refused; a refused
+    run leaves the table as it was."""
+    land, table = tmp_path / "land", tmp_path / "table"
+    land.mkdir()
+    edges = dict(u8=np.array([0, 255], np.uint8), u16=np.array([0, 65535], np.uint16),
+                 u32=np.array([2 ** 31, 2 ** 32 - 1], np.uint32), u64=np.array([0, 2 ** 63 - 1], np.uint64),
+                 f=np.array([1.5, 2.5], np.float32))
+    _tree(land / "t1.root", **edges)
+    cfg = _cfg(str(land / "*.root"), table, filter_name=["*"])
+    assert ingest_root(cfg, spark)["version"] == 0
+    df = _polars(table)
+    assert {c: str(df.schema[c]) for c in ("u8", "u16", "u32", "u64")} == dict(u8="Int16", u16="Int32",
+                                                                                 u32="Int64", u64="Int64")
+    assert {c: df[c].to_list() for c in edges} == {c: v.tolist() for c, v in edges.items()}
+
+    # a new branch: refused by option (one line naming it and the file), else a nullable column
+    _tree(land / "t2.root", **edges, extra=np.array([7.0, 8.0]))
+    with pytest.raises(BadInputError, match=r"t2\.root: branch 'extra' is not a column of the table"):
+        ingest_root(cfg.model_copy(update={"schema_changes": "refuse"}), spark)
+    assert deltalog.snapshot(deltalog_loc(table)).version == 0
+    r = ingest_root(cfg, spark)
+    df = _polars(table).sort("extra", nulls_last=True)
+    assert r["version"] == 2 and df["extra"].to_list() == [7.0, 8.0, None, None]   # 1: the column, 2: the rows
+
+    # a changed type (float32 -> float64) is refused before any work
+    _tree(land / "t3.root", **{**edges, "f": np.array([1.0, 2.0])})
+    with pytest.raises(BadInputError, match=r"t3\.root: branch 'f' is double here and float in the table"):
+        ingest_root(cfg, spark)
+    (land / "t3.root").unlink()
+    # uint64 beyond int64: refused naming the branch and the value; nothing committed
+    _tree(land / "t4.root", **{**edges, "u64": np.array([1, 2 ** 63], np.uint64)})
+    with pytest.raises(BadInputError, match=r"t4\.root: branch 'u64': value 9223372036854775808 does not fit"):
+        ingest_root(cfg, spark)
+    assert deltalog.snapshot(deltalog_loc(table)).version == 2
+    assert sorted(read_ledger(deltalog_loc(table)).sources) == [str(land / "t1.root"), str(land / "t2.root")]
+
+
+def test_concurrent_writers_one_wins_the_other_retries_or_fails(tmp_path, s3):
+    """Jobs prepared on the same version: with other inputs the later commit is retried on the new
+    version (nothing lost); with the same input it fails in one line and leaves no file in the
+    table. Eight writers committing at once (threads) all land, each file once. The same-input
+    conflict also on the S3 server (delta-rs's conditional PUT of the log entry)."""
+    from pipeline.tables.job import DeltaJob
+
+    table = tmp_path / "t"
+    a = commit_sources(str(table), ["a.root"], begin_only=True)
+    b = commit_sources(str(table), ["b.root"], begin_only=True)
+    a.commit()
+    b.commit()                                        # created by a: b retries as an append
+    snap = deltalog.snapshot(deltalog_loc(table))
+    assert snap.version == 1 and len(snap.files) == 2
+    c = commit_sources(str(table), ["c.root", "d.root"], begin_only=True)
+    d = commit_sources(str(table), ["e.root", "d.root"], begin_only=True)
+    c.commit()
+    with pytest.raises(BadInputError, match=r"another job committed d\.root \(version 2\) while this one ran; "
+                                            "nothing of this run was committed"):
+        d.commit()
+    d.abort()
+    snap = deltalog.snapshot(deltalog_loc(table))
+    on_disk = sorted(str(p.relative_to(table)) for p in table.glob("*.parquet"))
+    assert snap.version == 2 and on_disk == sorted(f.path for f in snap.files)
+    assert not any((table / "_pipeline" / "jobs").iterdir())
+
+    jobs = [commit_sources(str(table), [f"r{i}.root"], begin_only=True) for i in range(8)]
+    start = threading.Barrier(len(jobs))
+    errors = []
+
+    def go(job: DeltaJob):
+        start.wait()
+        try:
+            job.commit()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    snap = deltalog.snapshot(deltalog_loc(table))
+    assert snap.version == 10 and len(snap.files) == 12 and len({f.path for f in snap.files}) == 12
+    assert sorted(read_ledger(deltalog_loc(table)).sources) == sorted(
+        ["a.root", "b.root", "c.root", "d.root"] + [f"r{i}.root" for i in range(8)])
+
+    with environment(**s3.env("writer")):
+        uri = f"s3://{s3.bucket}/concurrent"
+        x = commit_sources(uri, ["s.root"], begin_only=True)
+        y = commit_sources(uri, ["s.root"], begin_only=True)
+        x.commit()
+        with pytest.raises(BadInputError, match=r"another job committed s\.root \(version 0\)"):
+            y.commit()
+        y.abort()
+        snap = deltalog.snapshot(deltalog_loc(uri))
+        assert snap.version == 0 and len(snap.files) == 1
+        from pipeline.fs import list_files, location
+        assert sorted(f.path for f in list_files(location(uri), ".parquet")) == [
+            f"{s3.bucket}/concurrent/{snap.files[0].path}"]
+
+
+def test_a_commit_stopped_at_any_step_is_exactly_once(tmp_path):
+    """A process commits three inputs' files to a table holding one, and is stopped (``os._exit``)
+    after each step in turn: every move, the log entry, the clean-up. After each stop the table is
+    the old version or the new one (never a mix), and a rerun that commits what the ledger does not
+    hold leaves every input's rows in the table exactly once."""
+    for kill in range(1, 7):
+        table = tmp_path / f"t{kill}"
+        commit_sources(str(table), ["old.root"])
+        rc = run_drill(str(table), ["n1.root", "n2.root", "n3.root"], kill)
+        snap = deltalog.snapshot(deltalog_loc(table))
+        held = sorted(read_ledger(deltalog_loc(table)).sources)
+        if snap.version == 0:
+            assert rc == 57 and held == ["old.root"] and len(snap.files) == 1, kill
+        else:
+            assert snap.version == 1 and held == ["n1.root", "n2.root", "n3.root", "old.root"], kill
+            assert len(snap.files) == 4
+        todo = [s for s in ("n1.root", "n2.root", "n3.root") if s not in held]
+        if todo:
+            commit_sources(str(table), todo)
+        snap = deltalog.snapshot(deltalog_loc(table))
+        led = read_ledger(deltalog_loc(table))
+        live = {f.path for f in snap.files}
+        per_source = {s: [p["path"] for p in e["parts"] if p["path"] in live] for s, e in led.sources.items()}
+        assert sorted(per_source) == ["n1.root", "n2.root", "n3.root", "old.root"], kill
+        assert all(len(v) == 1 for v in per_source.values()) and len(live) == 4, (kill, per_source)
+        rows = pq.ParquetDataset([str(table / p) for p in live]).read().column("source").to_pylist()
+        assert sorted(rows) == ["n1.root", "n2.root", "n3.root", "old.root"], kill
+
+
+@pytest.mark.slow   # a spark-submit-like process of its own (Spark's start-up: ~15 s on 2 idle cores)
+def test_ingestion_killed_mid_commit_and_rerun_holds_every_file_once(spark, tmp_path, samples_dir):
+    """The real job, killed right after moving its first file into the table (before the log
+    entry), then rerun: every file's rows are in the table once; the killed job's moved file is
+    in the folder and in no snapshot."""
+    land, table = tmp_path / "land", tmp_path / "table"
+    land.mkdir()
+    for i in range(3):
+        shutil.copy(samples_dir / "nano_dy.root", land / f"x{i}.root")
+    env = {**os.environ, "PIPELINE_TEST_COMMIT_KILL": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "jobs.ingest_root", "--input", str(land / "*.root"), "--tree", "Events",
+                        "--set", "filter_name=[event, nMuon]", "--output", str(table), "--set", "output_format=delta",
+                        "--set", "mode=new_files", "--spark.master", "local[1]"],
+                       cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 57, r.stderr[-2000:]
+    assert "stopped after step 1: moved" in r.stderr
+    assert not deltalog.is_table(deltalog_loc(table)) and len(list(table.glob("*.parquet"))) == 1
+    rep = ingest_root(_cfg(str(land / "*.root"), table, filter_name=["event", "nMuon"]), spark)
+    assert (rep["version"], rep["new_files"]) == (0, 3)
+    df = _polars(table)
+    assert df.height == 120 and sorted(df["event"].to_list()) == sorted(
+        _uproot(samples_dir / "nano_dy.root", ["event"])["event"] * 3)
+    assert len(list(table.glob("*.parquet"))) == 4 and len(dataset_files(str(table))) == 3
+
+
+def test_s3_table_new_files_read_by_deltalake_and_the_feature_inputs(spark, tmp_path, samples_dir, s3):
+    """On the S3 server: a table ingested with new_files twice (the second run reads only the new
+    file), read back with polars (delta-rs's S3 client) equal to uproot, and the snapshot's files
+    through the pipeline's reader."""
+    land = tmp_path / "land"
+    land.mkdir()
+    shutil.copy(samples_dir / "nano_dy.root", land / "x1.root")
+    with environment(**s3.env("writer")):
+        uri = f"s3://{s3.bucket}/{tmp_path.name}/table"
+        cfg = _cfg(str(land / "*.root"), uri)
+        assert ingest_root(cfg, spark)["version"] == 0
+        shutil.copy(samples_dir / "nano_dimuon.root", land / "x2.root")
+        r = ingest_root(cfg, spark)
+        assert r["version"] == 1 and [f["file"] for f in r["files"]] == [str(land / "x2.root")]
+        assert ingest_root(cfg, spark)["nothing_new"]
+        opts = deltalog.storage_options(deltalog_loc(uri))
+        df = _polars(uri, **opts).sort("event")
+        want = _sorted_by_event({k: a + b for (k, a), b in zip(_uproot(land / "x1.root").items(),
+                                                                 _uproot(land / "x2.root").values())})
+        assert {c: df[c].to_list() for c in NANO} == want
+        files = dataset_files(uri)
+        assert len(files) == 2 and all(f.startswith(f"{uri}/part-") for f in files)
+        assert parquet_frame(spark, uri, columns=["event"]).count() == 80
