@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -127,7 +128,11 @@ def _connect(cfg: SparkConfig, settings: dict):
     for k, v in settings.items():
         b = b.config(k, v)
     try:
-        return b.getOrCreate()
+        # the server starts with every setting; PySpark 4.0 then also sets the static ones on the
+        # client session, which the server refuses with a warning each
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
+            return b.getOrCreate()
     except PySparkException as e:
         if "SESSION_ALREADY_EXIST" not in str(e) and "SESSION_OR_CONTEXT_EXISTS" not in str(e):
             raise
