@@ -11,6 +11,10 @@ compute, in a fixed order, so every rank ends a collective with the same values:
   tensors, only the two partners calling (``collective_exchange`` False, as torch.distributed);
 * ``stats``: the payload bytes the real backends count for the same call.
 
+On CUDA (``device`` cuda: each rank's model on the GPU that ``local_rank % device_count`` names,
+as under the local launcher) the collectives read and write the ranks' device tensors; a rank's
+result is computed on its own device, whichever device its peers' tensors are on.
+
 A world made with a :class:`~.simclock.Simulation` (``sim``) runs its ranks under the simulated
 clock: one thread at a time, every rendezvous, mailbox and pair channel a simulated wait, and every
 collective or message delivered after its virtual delay. Only such a world has point-to-point
@@ -219,10 +223,10 @@ class InProcessCommunicator(Communicator):
             parts = room.gather(self._rank, [t.detach().clone() for t in tensors])
             self._world.delay(nbytes(tensors))
         size = len(room.ranks)
-        for i, t in enumerate(tensors):
-            acc = parts[0][i].clone()
+        for i, t in enumerate(tensors):      # on this rank's device (ranks may sit on different GPUs)
+            acc = parts[0][i].to(t.device, copy=True)
             for p in parts[1:]:
-                acc += p[i]
+                acc += p[i].to(t.device)
             if acc.is_floating_point() or acc.is_complex():
                 acc.div_(size)
             else:
@@ -255,7 +259,7 @@ class InProcessCommunicator(Communicator):
                 raise PeerFailed(f"rank {self._rank}: rank {partner} of the in-process world failed or did not "
                                  "answer") from None
             self._world.delay(nbytes(tensors))
-            return got
+            return [g.to(t.device) for g, t in zip(got, tensors)]
 
     def barrier(self) -> None:
         with self._timed(0):
@@ -271,4 +275,4 @@ class InProcessCommunicator(Communicator):
             # JSON of allgather_object (bytes) costs the latency only: its length varies with the
             # wall-clock numbers it carries, which must not move the simulated clock
             self._world.delay(tensor.numel() * tensor.element_size() if tensor.is_floating_point() else 0)
-        return [p.clone() for p in parts]
+        return [p.to(tensor.device, copy=True) for p in parts]
