@@ -20,6 +20,7 @@ CONTRACTS: dict[str, str] = {
     "scaling": "pipeline.features.scaling:ScalingFile",                   # features/scaling.json
     "dag_hep": "pipeline.dag_settings:HepDagSettings",                    # configs/dag_hep.yaml
     "dag_images": "pipeline.dag_settings:ImagesDagSettings",              # configs/dag_images.yaml
+    "dag_hep_ingest_daily": "pipeline.dag_settings:HepIngestDailyDagSettings",   # configs/dag_hep_ingest_daily.yaml
     "training_plan": "pipeline.train.plan:TrainingPlan",                  # launch.make_plan -> every worker
 }
 CONTRACTS_DIR = Path(__file__).resolve().parents[1] / "schemas" / "contracts"

@@ -52,6 +52,18 @@ class ImagesParams(CommonParams):
     model: Literal["lenet5", "resnet20"] = Field("lenet5", description="model trained")
 
 
+class HepIngestDailyParams(CommonParams):
+    landing: str = Field("runs/landing/*/*.root", description="the landing folder or bucket prefix: a glob of "
+                         "the ROOT files that arrive there (relative: from the repo; s3:// and root:// globs too)")
+    table: str = Field("runs/hep/table", description="the Delta table every run appends the new files to "
+                       "(relative: from the repo; s3://bucket/prefix too)")
+    tree: str = Field("Delphes", description="TTree or RNTuple name")
+    on_changed: Literal["skip", "replace", "fail"] = Field("fail", description="an input file the table holds "
+                                                           "with another size or modification time")
+    model: Literal["hlf", "gru", "inclusive"] = Field("hlf", description="the dataset sharded: hlf, or llf "
+                                                      "(gru / inclusive)")
+
+
 class DagSettingsBase(_Strict):
     """Parse-time settings shared by the pipeline DAGs."""
 
@@ -89,7 +101,14 @@ class ImagesDagSettings(DagSettingsBase):
     params: ImagesParams = Field(default_factory=ImagesParams)
 
 
-MODELS: dict[str, type[DagSettingsBase]] = {"hep": HepDagSettings, "images": ImagesDagSettings}
+class HepIngestDailyDagSettings(DagSettingsBase):
+    """``configs/dag_hep_ingest_daily.yaml``."""
+
+    params: HepIngestDailyParams = Field(default_factory=HepIngestDailyParams)
+
+
+MODELS: dict[str, type[DagSettingsBase]] = {"hep": HepDagSettings, "images": ImagesDagSettings,
+                                            "hep_ingest_daily": HepIngestDailyDagSettings}
 
 
 def load_dag_settings(name: str, path: Path) -> DagSettingsBase:
