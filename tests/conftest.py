@@ -67,6 +67,8 @@ def _connect_session(spark):
     assert type(session).__module__ == "pyspark.sql.connect.session", type(session)
     yield session
     session.stop()
+    none = spark._jvm.scala.Option.empty()   # the server before its SparkContext (else it logs a warning)
+    spark._jvm.org.apache.spark.sql.connect.service.SparkConnectService.stop(none, none)
 
 
 @pytest.fixture

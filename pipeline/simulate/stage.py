@@ -7,7 +7,9 @@ interleaved and each is one Spark partition, so the stage scales with executors 
 events do not depend on which executor ran it or how many ran beside it.
 
 Driver: runs ``rdd.map(run_task).collect()`` in a background thread and shows a progress bar of
-generated events, fed by a Spark accumulator that each finished task adds its events to.
+generated events, fed by a Spark accumulator that each finished task adds its events to. On a Spark
+Connect session (no RDD, no accumulator) the tasks run through ``mapInArrow`` instead and the bar
+moves when they are done.
 Output (a local path, a shared mount or ``s3://``): each task writes its ROOT file into its
 executor's scratch space (uproot writes a seekable local file) and copies it to the output's
 filesystem under the job's prefix with an attempt-scoped name; the driver commits the files of the
@@ -17,6 +19,8 @@ cross sections.
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import shutil
@@ -30,7 +34,7 @@ from ..commit import JobTarget, output_job
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..features.layout import CLASS_LABELS
 from ..fs import location
-from ..spark import forward_s3_settings, get_spark, spark_task
+from ..spark import forward_s3_settings, get_spark, is_connect, spark_task, task_frame
 from .config import SimulateConfig
 from .delphes_io import write_delphes
 from .detector import simulate_detector
@@ -130,7 +134,34 @@ def _versions() -> dict:
     return out
 
 
+def _connect_tasks(batches, cfg: SimulateConfig, target: JobTarget):
+    """``mapInArrow`` body: run this partition's tasks, one JSON result row each."""
+    import pyarrow as pa
+
+    for b in batches:
+        for i, t in zip(b.column("index").to_pylist(), b.column("task").to_pylist()):
+            r = run_task(json.loads(t), cfg, target)
+            yield pa.RecordBatch.from_pylist([{"index": i, "result": json.dumps(r)}])
+
+
+def _run_on_connect(spark, tasks: list[dict], cfg: SimulateConfig, target: JobTarget) -> list[dict]:
+    """The tasks from a Spark Connect session: one partition each, results in task order."""
+    fn = functools.partial(_connect_tasks, cfg=cfg, target=target)
+    df = task_frame(spark, [(i, json.dumps(t)) for i, t in enumerate(tasks)], "index long, task string")
+    rows = df.mapInArrow(spark_task(fn), "index long, result string").collect()
+    results = [json.loads(r["result"]) for r in sorted(rows, key=lambda r: r["index"])]
+    if cfg.progress:
+        from ..progress import Bar
+
+        bar = Bar(sum(t["events"] for t in tasks), "simulate", unit="ev")
+        bar.update(sum(r.get("events", 0) for r in results if "error" not in r))
+        bar.close()
+    return results
+
+
 def _run_on_spark(spark, tasks: list[dict], cfg: SimulateConfig, target: JobTarget) -> list[dict]:
+    if is_connect(spark):
+        return _run_on_connect(spark, tasks, cfg, target)
     sc = spark.sparkContext
     acc = sc.accumulator(0)
 
