@@ -6,6 +6,7 @@ order); augmentation is refused; a failing rank ends the run with its own error 
 The asynchronous algorithms under the simulated clock: tests/test_inprocess_async.py."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -229,3 +230,19 @@ def test_swarm_with_step_schedules_gives_the_local_launchers_run_bit_for_bit(dig
     got = train(_cfg4(digits4, tmp_path / "inprocess", "inprocess", algorithm))
     _same_run(got, ref)
     assert [r["steps"] for r in got["ranks"]] == [r["steps"] for r in ref["ranks"]]
+
+
+def test_the_gpu_check_without_cuda_says_so_in_one_line_and_runs_nothing(tmp_path):
+    """scripts/gpu_inprocess_check.sh on a host without CUDA (CUDA_VISIBLE_DEVICES="" hides any GPU)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["bash", str(repo / "scripts" / "gpu_inprocess_check.sh"), "--workdir", str(tmp_path / "w")],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable})
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 1
+    assert len(lines) == 1 and lines[0].startswith("gpu-inprocess-check: no CUDA device"), lines
+    assert not (tmp_path / "w").exists()

@@ -16,12 +16,28 @@ a copy of what ``make run`` and ``make run-images`` write, made smaller here) an
   runs until stopped, a GPU, a placeholder), or when it is a template (``<name>``, ``...``,
   ``[--option X]``).
 
+Each fixed cost is paid once per entry point (the shell start, the interpreter, the JVM of
+``spark-submit``), not once per page that mentions it:
+
+* of the commands run as written, one per entry point and config file runs (``.venv/bin/spark-submit
+  jobs/train.py --config configs/train.yaml``); another command of the same entry point and config
+  (other ``--set`` values, another page) runs its ``--dry-run``;
+* a ``--dry-run`` runs in a new shell once per entry point (the launcher as written and the job:
+  ``.venv/bin/python -m jobs.experiment``), unless a command of that entry point already runs there;
+  the other commands of the entry point run their ``--dry-run`` in this process, through the job's
+  own ``main`` with the same arguments (the same parsing, config, overrides and plan).
+
+``test_every_command_is_covered_by_a_run_of_its_entry_point`` checks that every command that does not
+run in a new shell has one of its entry point that does.
+
 An unlisted command that fails or runs longer fails its test, which says to fix the page or list it.
 No command may change the checkout.
 """
 from __future__ import annotations
 
+import importlib
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,7 +48,6 @@ import pytest
 from doc_commands import DocCommand, all_commands, is_template
 from shell_fixtures import REPO, clean_env, lines, sh, spark_info_lines
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RUN_LIMIT_S = 300        # a command run as written: under a minute on 2 idle cores, with room for a loaded host
 
@@ -52,6 +67,8 @@ NOT_RUN = {
     'pip install "mlflow==3.17.*"': "installs the full MLflow package into an environment of the reader's choice",
     re.compile(r"^MLFLOW_ALLOW_FILE_STORE=true \.venv/bin/mlflow ui"): "the MLflow web UI: a server that runs until stopped",
     ".venv/bin/python -m pipeline.train.selfcheck --launcher torch --gpu": "needs a CUDA device (make gpu-check)",
+    re.compile(r"^bash scripts/gpu_inprocess_check\.sh"): "needs a CUDA device (without one it prints one line and "
+                                                        "exits 1: tests/test_inprocess_launcher.py)",
     re.compile(r"^\.venv-current/"): "the current environment's virtualenv, which make test-current builds",
     re.compile(r"^pip install --dry-run --report"): "what scripts/lock_current.sh runs in a scratch virtualenv (a "
                                                     "phrase in the text)",
@@ -61,7 +78,6 @@ NOT_RUN = {
                                  "build, venv-pack: many minutes)",
     "python -m venv": "a phrase in the text",
     "pip install -e": "a phrase in the text",
-    ".venv/bin/python -m jobs.train": "a phrase in the text (the run plan's measurement in docs/results.md)",
 }
 
 #: command (the exact text, or a pattern it matches) -> why only its dry form runs here
@@ -158,6 +174,12 @@ def _checkout(tmp_path: Path, upstream: Path) -> Path:
     return work
 
 
+@pytest.fixture(scope="module")
+def shared_checkout(upstream, tmp_path_factory) -> Path:
+    """One scratch checkout for the dry runs in the test process (they write nothing)."""
+    return _checkout(tmp_path_factory.mktemp("dry"), upstream)
+
+
 def _git_status() -> str:
     return subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
 
@@ -178,9 +200,12 @@ def _dry_forms(command: str) -> list[str]:
 
 
 _HELP: dict[str, subprocess.CompletedProcess] = {}     # a benchmark's --help, once per script
+_SHELLS_RUN: set[tuple[str, str]] = set()              # entry points of make recipes run in a new shell
 
 
-def _run_dry(command: str, work: Path) -> None:
+def _run_dry(command: str, work: Path, here) -> None:
+    """The dry forms of ``command`` in a new shell; the job lines of a make recipe through ``here``
+    (the job's ``main`` in this process) when a command of their entry point runs in a shell."""
     for form in _dry_forms(command):
         if form.endswith(" --help") and form in _HELP:
             r = _HELP[form]
@@ -190,6 +215,11 @@ def _run_dry(command: str, work: Path) -> None:
         if form.startswith("make -n "):
             jobs = [ln for ln in r.stdout.splitlines() if _JOB.search(ln) and not ln.startswith(("make", "#"))]
             for job_line in jobs:
+                key = entry_point(job_line)
+                if key in SHELL_ENTRIES or key in _SHELLS_RUN:
+                    here(job_line)
+                    continue
+                _SHELLS_RUN.add(key)
                 d = sh(f"{job_line} --dry-run", cwd=work, timeout=RUN_LIMIT_S, merged=True)
                 assert d.returncode == 0, f"`{job_line} --dry-run` (from {command}) exits {d.returncode}:\n" + \
                     "\n".join(lines(d.stdout)[-15:])
@@ -197,6 +227,26 @@ def _run_dry(command: str, work: Path) -> None:
             used = set(re.findall(r"(?<!\S)(--[\w-]+)", command))
             missing = sorted(o for o in used if o not in r.stdout)
             assert not missing, f"{command}: {missing} not among the options of `{form}`"
+
+
+def _dry_here(command: str, work: Path, monkeypatch, capsys) -> None:
+    """``command --dry-run`` in this process: the job's ``main`` with the command's own arguments
+    (split as the shell splits them), from the scratch checkout. The same parsing, config file,
+    overrides and plan as in a new shell; the shell start itself is tested once per entry point."""
+    call = job_call(command)
+    assert call, f"{command}: not a job command"
+    _, job, args = call
+    monkeypatch.chdir(work)
+    main = importlib.import_module(f"jobs.{job}").main
+    capsys.readouterr()
+    try:
+        rc = main([*args, "--dry-run"])
+    except SystemExit as e:     # argparse: an unknown option or a bad value
+        rc = e.code
+    out = capsys.readouterr()
+    assert rc == 0, f"`{command} --dry-run` (in the test process) exits {rc}:\n" + \
+        "\n".join(lines(out.out + out.err)[-15:])
+    assert f'"job": "{job}"' in out.out, out.out[-2000:]
 
 
 def _run_as_written(command: str, work: Path) -> None:
@@ -221,6 +271,79 @@ def _run_as_written(command: str, work: Path) -> None:
 RUNNABLE = [c for c in COMMANDS if classify(c.command)[0] in ("run", "dry")]
 
 
+# ------------------------------------------------------------------------------ entry points
+def job_call(command: str) -> Optional[tuple[str, str, list[str]]]:
+    """(launcher as written, job, the job's own arguments) of ``LAUNCHER [options] jobs/X.py ARGS``
+    or ``PYTHON -m jobs.X ARGS``; None for any other command."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for i, w in enumerate(words):
+        m = re.fullmatch(r"jobs/(\w+)\.py", w)
+        if m and words[0].endswith("spark-submit"):
+            return words[0], m.group(1), words[i + 1:]
+        m = re.fullmatch(r"jobs\.(\w+)", w)
+        if m and i > 0 and words[i - 1] == "-m":
+            return words[0], m.group(1), words[i + 1:]
+    return None
+
+
+def entry_point(command: str) -> Optional[tuple[str, str]]:
+    """(launcher as written, job): what a new shell starts for a job command."""
+    call = job_call(command)
+    return call[:2] if call else None
+
+
+def _config_file(args: list[str]) -> Optional[str]:
+    for i, a in enumerate(args):
+        if a == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+    return None
+
+
+AS_WRITTEN, DRY_SHELL, DRY_HERE = "as written", "dry in a new shell", "dry in the test process"
+
+
+def _modes() -> tuple[dict[str, str], set]:
+    """command -> how it runs, and the entry points started in a new shell. Of the commands run as
+    written, the first of each entry point and config file; then the dry forms: in a new shell for
+    the first command of an entry point no command runs in a shell for, in this process for the rest.
+    Commands that are not jobs (make, bench, pytest, scripts) keep their own forms in a new shell."""
+    modes: dict[str, str] = {}
+    ran: set = set()
+    shells: set = set()
+    for c in RUNNABLE:
+        if classify(c.command)[0] != "run":
+            continue
+        call = job_call(c.command)
+        if call and "--dry-run" not in call[2] and "--help" not in call[2]:
+            key = (*call[:2], _config_file(call[2]))
+            if key in ran:
+                modes[c.command] = DRY_HERE
+                continue
+            ran.add(key)
+        if call:
+            shells.add(call[:2])
+        modes[c.command] = AS_WRITTEN
+    for c in RUNNABLE:
+        if c.command in modes:
+            continue
+        key = entry_point(c.command)
+        if key is None or key not in shells:
+            modes[c.command] = DRY_SHELL
+            if key:
+                shells.add(key)
+        else:
+            modes[c.command] = DRY_HERE
+    return modes, shells
+
+
+MODES, SHELL_ENTRIES = _modes()
+
+
 def test_every_command_that_is_not_run_is_a_template_or_listed_with_its_reason():
     """The commands left out of the runs below: each a template or in NOT_RUN with a reason."""
     left = [c for c in COMMANDS if c not in RUNNABLE]
@@ -230,13 +353,43 @@ def test_every_command_that_is_not_run_is_a_template_or_listed_with_its_reason()
         assert kind in ("template", "not run") and why.strip(), (c.id, kind, why)
 
 
+def test_every_command_is_covered_by_a_run_of_its_entry_point():
+    """A command whose dry form runs in the test process has a command of the same entry point
+    that runs in a new shell; one run as written is dry only where another command of the same
+    entry point and config file runs as written."""
+    assert set(MODES) == {c.command for c in RUNNABLE}
+    in_shell = {entry_point(c) for c, m in MODES.items() if m != DRY_HERE}
+    as_written = {(*job_call(c)[:2], _config_file(job_call(c)[2])) for c, m in MODES.items()
+                  if m == AS_WRITTEN and job_call(c)}
+    for command, mode in MODES.items():
+        if mode != DRY_HERE:
+            continue
+        call = job_call(command)
+        assert call and call[:2] in in_shell, command
+        if classify(command)[0] == "run":
+            assert (*call[:2], _config_file(call[2])) in as_written, command
+    # what the grouping saves must not be everything: each kind of run is still there
+    assert {AS_WRITTEN, DRY_SHELL, DRY_HERE} <= set(MODES.values())
+
+
+# e2e and slow: the scratch checkout's runs/ comes from the HEP and image workflows (a few hundred
+# events, one epoch: what the commands read), and a command run as written starts its own
+# interpreter and JVM in a new shell, which is what is under test; each entry point starts once.
+# The listing checks above run in the fast tier.
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", RUNNABLE, ids=[c.id for c in RUNNABLE])
-def test_documented_command_works_as_written(doc, upstream, tmp_path):
-    kind, _ = classify(doc.command)
-    work = _checkout(tmp_path, upstream)
+def test_documented_command_works_as_written(doc, request, monkeypatch, capsys):
+    mode = MODES[doc.command]
+    if mode == DRY_HERE:    # reads runs/, writes nothing: one checkout serves them all
+        work = request.getfixturevalue("shared_checkout")
+    else:
+        work = _checkout(request.getfixturevalue("tmp_path"), request.getfixturevalue("upstream"))
     before = _git_status()
-    if kind == "dry":
-        _run_dry(doc.command, work)
+    if mode == DRY_HERE:
+        _dry_here(doc.command, work, monkeypatch, capsys)
+    elif mode == DRY_SHELL:
+        _run_dry(doc.command, work, lambda line: _dry_here(line, work, monkeypatch, capsys))
     else:
         _run_as_written(doc.command, work)
     assert _git_status() == before, f"`{doc.command}` changed the checkout"
