@@ -67,21 +67,20 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
     one task per worker, all at once). Executors use this interpreter (``PYSPARK_PYTHON``) so
     the virtualenv is shared; :func:`check_executor_python` checks that they can. Spark logs at
     ``cfg.log_level`` (WARN by default) from the start of a JVM started here.
+
+    ``cfg.remote`` (else PySpark's ``SPARK_REMOTE`` variable) makes it a Spark Connect session
+    instead (:func:`_connect`); ``cfg.master`` is then not used.
     """
     from pyspark.sql import SparkSession
 
     cfg = cfg or SparkConfig()
+    remote = cfg.remote or os.environ.get("SPARK_REMOTE")
     active = SparkSession.getActiveSession()
-    if active is not None and not (cfg.remote and not is_connect(active)):
+    if active is not None and not (remote and not is_connect(active)):
         check_executor_python(active)
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    b = SparkSession.builder.appName(cfg.app_name)
-    if cfg.master:
-        b = b.master(local_master(cfg.master, min_task_slots))
-    elif not _launched_by_spark_submit():
-        b = b.master(local_master("local[*]", min_task_slots))
     settings = {
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -98,27 +97,33 @@ def get_spark(cfg: Optional[SparkConfig] = None, min_task_slots: Optional[int] =
         java = settings.get("spark.driver.extraJavaOptions", "")
         if "log4j2.configurationFile" not in java:
             settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} {java}".strip()
-    if cfg.remote:
-        spark = _connect(cfg, settings)
+    if remote:
+        spark = _connect(remote, cfg, settings)
     else:
+        b = SparkSession.builder.appName(cfg.app_name)
+        if cfg.master:
+            b = b.master(local_master(cfg.master, min_task_slots))
+        elif not _launched_by_spark_submit():
+            b = b.master(local_master("local[*]", min_task_slots))
         for k, v in settings.items():
             b = b.config(k, v)
-        spark = b.getOrCreate()   # a Spark Connect session when SPARK_REMOTE is set
+        spark = b.getOrCreate()   # Spark Connect all the same where spark.api.mode says so (PySpark 4.1+)
         if not is_connect(spark):
             spark.sparkContext.setLogLevel(cfg.log_level.upper())
     check_executor_python(spark)
     return spark
 
 
-def _connect(cfg: SparkConfig, settings: dict):
-    """A Spark Connect session for ``cfg.remote``. ``local[N]`` starts a Connect server in this
-    process (``SparkSession.builder.remote``: a JVM with that master, started with ``settings``,
-    log level included); ``sc://host:port`` connects to a running server, with the runtime (SQL)
-    settings of ``settings`` for this session (the server's own settings stay as they are)."""
+def _connect(url: str, cfg: SparkConfig, settings: dict):
+    """A Spark Connect session for ``url`` (``cfg.remote`` or ``SPARK_REMOTE``). ``local[N]``
+    starts a Connect server in this process (``SparkSession.builder.remote``: a JVM with that
+    master, started with ``settings``, log level included); ``sc://host:port`` connects to a
+    running server, with the runtime (SQL) settings of ``settings`` for this session (the
+    server's own settings stay as they are)."""
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
-    url = cfg.remote.strip()
+    url = url.strip()
     if url.startswith("sc://"):
         from .pyspark_internals import connect_session
 
