@@ -15,7 +15,9 @@ from typing import Any, Optional
 from .comm.ports import free_port
 
 
-def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue) -> None:
+def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue, env: dict) -> None:
+    os.environ.clear()   # the launching process's environment now, as a spawned child would have it
+    os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": host, "MASTER_PORT": str(port)})
     from .entry import worker_entry
@@ -30,6 +32,27 @@ def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue
         queue.put((rank, None, e))
 
 
+#: what every local worker imports: loaded once into the fork server, then inherited by each fork
+PRELOAD = ("torch", f"{__package__}.entry")
+
+
+def worker_context():
+    """The multiprocessing context of the local workers: ``forkserver`` with torch and the worker
+    code preloaded, so a worker is a fork of a process that imported them once (under ``spawn``
+    each of M workers imports torch and the pipeline itself, seconds of CPU each: most of a local
+    run's start at M = 16 on 2 cores). The server is started once per launching process and only
+    ever imports: no torch thread pool, no communicator exists in it to be inherited. Each worker
+    gets the launching process's environment of the moment (:func:`_local_child`). ``spawn``
+    where the platform has no fork server."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.5,
                host: Optional[str] = None) -> list[dict]:
     """M local processes joined by torch.distributed (gloo). A process that dies without a
@@ -37,7 +60,6 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
     get ``grace_s`` to finish or fail before they are terminated. Raises the first rank's bad-input
     error as it is, :class:`~pipeline.train.restart.WorkerLost` for a dead process, else a
     RuntimeError naming every failed rank."""
-    import multiprocessing as mp
     import queue as queue_mod
 
     from .entry import worker_entry
@@ -46,12 +68,13 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
     if world == 1:
         cfg_json, _, plan, out, ck = args
         return [worker_entry(cfg_json, "local", plan, out, ck)]
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     queue = ctx.Queue()
     host = host or "127.0.0.1"   # every worker on this machine: the rendezvous listens on loopback by default
     port = free_port(host)
     argv = (args[0], "torch") + tuple(args[2:])
-    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue), daemon=True)
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue, env), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -101,6 +124,25 @@ def simulated(cfg) -> bool:
             or (base == "swarm" and params.get("schedule") == "time") or cfg.stragglers.active)
 
 
+def clock_settings(cfg):
+    """``cfg.simulated_clock`` with ``step_s`` resolved: as given, else the time budget's own step where
+    the run has one (a time-mode round of ``round_seconds`` is meant to hold ``round_steps`` steps; a
+    time-budgeted round ``nominal_steps``; SwarmSGD's ``local_steps``), else 0.01 s."""
+    from .algorithms import validate_params
+    from .algorithms.async_common import ASYNC_ALGORITHMS, base_algorithm
+
+    clk = cfg.simulated_clock
+    if clk.step_s is not None:
+        return clk
+    base, params = base_algorithm(cfg.algorithm.name, cfg.algorithm.params)
+    p = validate_params(base, params)
+    per_round = {"timed_local_sgd": "nominal_steps", "swarm": "local_steps"}.get(
+        base, "round_steps" if base in ASYNC_ALGORITHMS else None)
+    seconds = getattr(p, "round_seconds", None)
+    step = seconds / getattr(p, per_round) if per_round and seconds else 0.01
+    return clk.model_copy(update={"step_s": step})
+
+
 def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
     """The M workers as ranks on threads of this process (:mod:`.comm.inprocess`): no process starts,
     no sockets; under the simulated clock when :func:`simulated` (then every rank's summary carries
@@ -116,7 +158,7 @@ def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
     from .restart import WorkerLost
 
     cfg = TrainConfig.model_validate_json(args[0])
-    sim = Simulation(cfg.simulated_clock, seed=cfg.seed) if simulated(cfg) else None
+    sim = Simulation(clock_settings(cfg), seed=cfg.seed) if simulated(cfg) else None
     meeting = InProcessWorld(world, timeout_s=max(60.0, float(timeout_s)), sim=sim)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}

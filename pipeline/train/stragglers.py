@@ -71,7 +71,9 @@ class SimClockConfig(BaseModel):
     compute-time model and the message delays of the runs that depend on time."""
 
     model_config = ConfigDict(extra="forbid")
-    step_s: float = Field(0.01, gt=0, description="virtual compute time of one training step (forward + backward)")
+    step_s: Optional[float] = Field(None, gt=0, description="virtual compute time of one training step (forward + "
+                                    "backward); default: a time budget's own step (round_seconds / round_steps, "
+                                    "nominal_steps or local_steps), else 0.01")
     step_jitter: float = Field(0.1, ge=0, lt=1, description="a step takes step_s x u, u uniform in [1 - j, 1 + j], "
                                                             "drawn per (seed, rank, step)")
     latency_s: float = Field(0.0005, ge=0, description="virtual delay of every message and collective")
