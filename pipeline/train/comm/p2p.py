@@ -20,6 +20,10 @@ is a year). A peer that died closes its connections, which fails the operation a
 frozen or unreachable one stops its heartbeats (:mod:`.liveness`), which the waiting side
 checks. Either way the error is a :class:`PeerError` naming both ranks and, when a heartbeat
 went silent anywhere, the rank that did.
+
+The algorithms open their channels with :func:`open_channel`: gloo's :class:`P2PChannel`, or the
+communicator's own where it has them (the ranks of one simulated process, :class:`SimChannel`:
+the same messages delivered through :mod:`.simclock`'s mailboxes after their virtual delay).
 """
 from __future__ import annotations
 
