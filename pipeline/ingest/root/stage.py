@@ -48,7 +48,11 @@ def plan_ingest_root(cfg: IngestRootConfig) -> dict:
     """--dry-run: the resolved inputs and outputs (no file is opened, Spark is not started)."""
     files = resolve_files(cfg.input)
     out = location(cfg.output, output=True)
-    check_apart(out, files)
+    check_apart(out, files, replaces=cfg.output_format == "parquet")
+    if cfg.output_format == "delta":
+        return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "output": str(out),
+                "output_format": "delta", "mode": cfg.mode, "on_changed": cfg.on_changed,
+                "partition_by": cfg.partition_by, "file_timeout_s": cfg.file_timeout_s}
     return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
             "file_timeout_s": cfg.file_timeout_s, "output": str(out), "report": str(out.child("_report.json")),
             "schema": str(out.child("_schema.json")), "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
