@@ -150,8 +150,10 @@ _CHECKED_APPS: set[str] = set()
 
 
 def _app_id(spark) -> str:
-    """The Spark application of a session of either kind (Connect sessions of one server share it)."""
-    return spark.conf.get("spark.app.id", None) or f"session-{id(spark)}"
+    """The Spark application of a session, by kind (the Spark Connect sessions of one server share
+    its application, and are checked once apart from a classic session of the same application)."""
+    app = spark.conf.get("spark.app.id", None) or f"session-{id(spark)}"
+    return f"connect:{app}" if is_connect(spark) else app
 
 
 def check_executor_python(spark) -> None:

@@ -36,11 +36,26 @@ def test_default_parallelism_is_the_servers_local_master(connect_spark, spark):
     assert default_parallelism(connect_spark) == 2
 
 
-def test_task_frame_one_row_per_partition_and_the_executor_probe(connect_spark):
+def test_the_executor_probe_runs_on_the_servers_python_workers(connect_spark, monkeypatch):
+    """A UDF on the server's Python workers: a module they lack is named in one line; a pass is
+    remembered for the application."""
+    from pipeline import spark as S
+
+    monkeypatch.setattr(S, "_CHECKED_APPS", set())
+    monkeypatch.setattr(S, "EXECUTOR_MODULES", (*S.EXECUTOR_MODULES, "no_such_module_on_the_server"))
+    with pytest.raises(ConfigError) as e:
+        check_executor_python(connect_spark)
+    msg = str(e.value)
+    assert "\n" not in msg and "lacks no_such_module_on_the_server;" in msg and "Spark Connect server" in msg, msg
+    assert sys.executable in msg                 # the interpreter the server's workers run (this one, here)
+    monkeypatch.setattr(S, "EXECUTOR_MODULES", S.EXECUTOR_MODULES[:-1])
+    check_executor_python(connect_spark)
+    assert S._CHECKED_APPS == {S._app_id(connect_spark)} and S._app_id(connect_spark).startswith("connect:")
+
+
+def test_task_frame_one_row_per_partition(connect_spark):
     from pyspark.sql import functions as F
 
-    check_executor_python(connect_spark)   # a UDF on the server's Python workers; remembered
-    check_executor_python(connect_spark)
     rows = [(i, f"/data/file_{i}.root", 10 * i) for i in range(5)]
     df = task_frame(connect_spark, rows, "file_index int, path string, entries long")
     assert sorted(tuple(r) for r in df.collect()) == rows
