@@ -484,6 +484,8 @@ def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
 
     parts = plan_parts(cfg)  # validates inputs before anything is written
     _check_apart(cfg, parts)
+    if cfg.output_format == "delta":
+        check_table_target(location(cfg.output, output=True))   # a table, or nothing yet: before any work
     spark = spark or get_spark(cfg.spark)
     log.info("ingest_images: source=%s, %d part(s) -> %s", cfg.source, len(parts), cfg.output)
     decoded = _decoded_frame(spark, cfg, parts).persist()
@@ -506,8 +508,6 @@ def ingest_images(cfg: ImagesIngestConfig, spark=None) -> dict:
         if not out_loc.is_local:
             forward_s3_settings(spark)
         delta = cfg.output_format == "delta"
-        if delta:
-            check_table_target(out_loc)
         ctx = (delta_job(out_loc, partition_by=(cfg.partition_by,) if cfg.partition_by else (),
                          overwrite=cfg.mode == "overwrite") if delta else output_job(out_loc))
         with ctx as job:
