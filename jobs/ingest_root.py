@@ -1,4 +1,4 @@
-"""Ingest ROOT files (any TTree) into Parquet on Spark: chunks planned on the driver, read with
+"""Ingest ROOT files (any TTree) into Parquet or a Delta table on Spark: chunks planned on the driver, read with
 uproot in the tasks; bad files are reported in <output>/_report.json (exit 2 unless --allow_bad_files)."""
 import sys
 
