@@ -43,8 +43,10 @@ def select_inputs(cfg: IngestRootConfig, files: list[str], out: Location) -> Tab
 
 def nothing_new(cfg: IngestRootConfig, run: TableRun, out: Location, n_inputs: int) -> dict:
     """The report of a run with nothing to read (one line printed)."""
-    line = (f"{out}: nothing new: the table (version {run.version}) holds all {n_inputs} input file(s) "
-            "unchanged; nothing was written")
+    skipped = len(run.selection.changed) if run.selection is not None else 0
+    held = "unchanged" if not skipped else f"({skipped} changed since, skipped: on_changed=skip)"
+    line = (f"{out}: nothing new: the table (version {run.version}) holds all {n_inputs} input file(s) {held}; "
+            "nothing was written")
     print(line)
     return {"job": "ingest_root", "output_format": "delta", "tree": cfg.tree, "filter_name": cfg.filter_name,
             "output": str(out), "version": run.version, "rows": 0, "files": [], "bad_files": [], "new_files": 0,
