@@ -373,3 +373,40 @@ def test_images_into_a_table_partitioned_by_split(spark, tmp_path):
     ingest_images(ImagesIngestConfig(source="sklearn_digits", output=str(pout), limit=50), spark)
     with pytest.raises(BadInputError, match="a Parquet output of this pipeline, not a Delta table"):
         ingest_images(cfg.model_copy(update={"output": str(pout)}), spark)
+
+
+@pytest.mark.slow   # two days of ingestion, features and shards through Spark (~40 s on 2 idle cores)
+def test_features_and_shards_from_table_snapshots_and_versions(spark, tmp_path, delphes_root):
+    """Day 1 and day 2 of the daily recipe in process: the feature stage reads the table's snapshot
+    (each data file's ROOT file and entries from the ledger) into Delta tables hlf/ and llf/, one
+    version per day, each carrying its scaling.json; the shard stage reads hlf/ at the newest
+    version and, with input_version, at day 1's."""
+    from pipeline.features.stage import FeaturesConfig, build_features
+    from pipeline.features.delphes import REQUIRED_BRANCHES
+    from pipeline.shards.materialize import ShardConfig, shard
+
+    land, table, feats = tmp_path / "land", tmp_path / "table", tmp_path / "features"
+    for c in ("qcd", "ttbar"):
+        (land / c).mkdir(parents=True)
+        shutil.copy(delphes_root, land / c / f"{c}_0.root")
+    cfg = _cfg(str(land / "*" / "*.root"), table, tree="Delphes", filter_name=list(REQUIRED_BRANCHES),
+               partition_by="sample")
+    fcfg = FeaturesConfig(input=str(table), output=str(feats), output_format="delta", test_fraction=0,
+                          val_fraction=0)
+    ingest_root(cfg, spark)
+    day1 = build_features(fcfg, spark)
+    assert sorted(f["file"] for f in day1["files"]) == sorted(str(p) for p in land.glob("*/*.root"))
+    (land / "wjets").mkdir()
+    shutil.copy(delphes_root, land / "wjets" / "wjets_0.root")
+    assert ingest_root(cfg, spark)["new_files"] == 1
+    day2 = build_features(fcfg, spark)
+    assert len(day2["files"]) == 3 and day2["splits"]["train"] == day1["splits"]["train"] + 1
+    hlf = deltalog_loc(feats / "hlf")
+    records = deltalog.commits(hlf)
+    assert [v for v, _ in records] == [0, 1] and deltalog.snapshot(hlf).version == 1
+    assert [r["files"]["report.json"]["splits"]["train"] for _, r in records] == [2, 3]
+    assert {"scaling.json", "report.json"} <= {p.name for p in feats.iterdir()}
+    now = shard(ShardConfig(input=str(feats / "hlf"), output=str(tmp_path / "s1"), workers=1), spark)
+    then = shard(ShardConfig(input=str(feats / "hlf"), output=str(tmp_path / "s0"), workers=1, input_version=0),
+                 spark)
+    assert (now["n_train_samples"], then["n_train_samples"]) == (3, 2)

@@ -57,6 +57,9 @@ class FeaturesConfig(StageConfig):
                                                   "(QCD=0, ttbar=1, W+jets=2; default: the generated classes)")
     tree: str = Field("Delphes", description="TTree or RNTuple name when reading ROOT files")
     output: str = Field("runs/hep/features", description="output dir: hlf/, llf/, scaling.json, report.json")
+    output_format: Literal["parquet", "delta"] = Field(
+        "parquet", description="parquet: the output folder replaced whole; delta: hlf/ and llf/ are Delta tables, "
+                               "each run a new version of both (docs/hep-features.md#outputs)")
     step_size: StepSize = Field("50 MB", description="ROOT chunk size (entries or '50 MB'); one task each")
     test_fraction: float = Field(0.2, ge=0, lt=1, description="fraction of each class in the test split")
     val_fraction: float = Field(0.1, ge=0, lt=1, description="fraction of each class in the val split")

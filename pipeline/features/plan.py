@@ -136,7 +136,8 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
     root_files = resolve_files(roots) if roots else []
     # before any work: the output neither inside nor holding an ingested dataset or a ROOT file
     check_apart(location(cfg.output, output=True),
-                [os.path.expanduser(d) for d in tables + ingested] + root_files)
+                [os.path.expanduser(d) for d in tables + ingested] + root_files,
+                replaces=cfg.output_format == "parquet")
     for d in tables:
         _table_units(d, cfg.input_version, files, units)
     for d in ingested:

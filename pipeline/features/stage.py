@@ -43,6 +43,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..commit import output_job
+from ..tables.job import tables_job
 from ..errors import BadInputError
 from ..fs import check_writable, location
 from ..ingest.root import Chunk
@@ -185,7 +186,8 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         forward_s3_settings(spark)
     log.info("features: %d work unit(s) from %d file(s) -> Spark tasks", len(units), len(files))
     received: Counter = Counter()
-    with output_job(out) as job:
+    ctx = tables_job(out, ("hlf", "llf"), "features") if cfg.output_format == "delta" else output_job(out)
+    with ctx as job:
         units, st = run_units(spark, files, units, job.target, cfg, t_start, received)
         if not [f for f in files if not f.error]:    # nothing to write: no output at all
             first = files[0]

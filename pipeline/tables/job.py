@@ -118,6 +118,7 @@ class DeltaJob(OutputJob):
         self.version: Optional[int] = None
         self._moved: list[Location] = []
         self._logged = False
+        self._adopted: Optional[dict] = None
 
     # -- life cycle -------------------------------------------------------------------------
     def begin(self) -> "DeltaJob":
@@ -155,7 +156,14 @@ class DeltaJob(OutputJob):
         return posixpath.join(*dirs, f"{stem}-{self.job_id}{ext}")
 
     def data_files(self) -> dict[str, Location]:
+        if self._adopted is not None:
+            return dict(self._adopted)
         return {rel: loc for rel, loc in self.kept().items() if rel.endswith(".parquet")}
+
+    def adopt_files(self, files: dict) -> None:
+        """Commit these files (name in the table -> where they lie now: another job's kept files)
+        instead of this job's own."""
+        self._adopted = dict(files)
 
     # -- the commit -------------------------------------------------------------------------
     def commit(self) -> list[str]:
@@ -163,7 +171,7 @@ class DeltaJob(OutputJob):
         if self.schema is None:
             raise RuntimeError("DeltaJob.commit: the stage set no schema")
         data = self.data_files()
-        sizes = self._sizes()
+        sizes = _sizes(list(data.values()))
         finals = {rel: self.final_name(rel) for rel in data}
         write_bytes(self.staging.child(MOVING), json.dumps(sorted(finals.values())).encode())
         fsys = self.final.filesystem()
@@ -186,14 +194,6 @@ class DeltaJob(OutputJob):
         delete_tree(self.staging)
         _step("deleted the job's prefix")
         return sorted(finals.values())
-
-    def _sizes(self) -> dict[str, int]:
-        """The bytes of every file under the job's prefix (one listing)."""
-        import pyarrow.fs as pafs
-
-        infos = self.staging.filesystem().get_file_info(pafs.FileSelector(self.staging.path, recursive=True,
-                                                                          allow_not_found=True))
-        return {i.path: int(i.size) for i in infos if i.type == pafs.FileType.File}
 
     def _log(self, adds: list[dict]) -> int:
         """The log entry, retried on a newer version while no commit since conflicts with it."""
@@ -268,6 +268,22 @@ class DeltaJob(OutputJob):
             log.info("%s: deleted what a stopped job left (%s)", self.final, d.name)
 
 
+def _footer_schema(loc: Location):
+    """The Arrow schema of one Parquet file (its footer), metadata dropped."""
+    import pyarrow.parquet as pq
+
+    with loc.filesystem().open_input_file(loc.path) as f:
+        return pq.read_schema(f).remove_metadata()
+
+
+def _sizes(files: list) -> dict[str, int]:
+    """The bytes of each file (one metadata request per file on S3)."""
+    if not files:
+        return {}
+    infos = files[0].filesystem().get_file_info([f.path for f in files])
+    return {i.path: int(i.size) for i in infos}
+
+
 def partition_dir(column: str, value) -> str:
     """The folder of a partition value (Hive style, the value URL-quoted)."""
     return f"{column}={quote(str(value), safe='')}"
@@ -290,6 +306,86 @@ def _age(d: Location, now: float) -> Optional[float]:
         return None
     times = [i.mtime.timestamp() for i in infos if i.mtime is not None]
     return now - max(times) if times else None
+
+
+class TablesJob(OutputJob):
+    """A job whose output folder holds Delta tables (its first-level folders ``tables``) and small
+    files beside them (the feature stage's ``hlf/`` and ``llf/`` tables, ``scaling.json``,
+    ``report.json``). The tasks write as into any job (``hlf/part-....parquet`` under their
+    attempt directories); the commit makes one version of each table (overwrite: it holds this
+    run's rows), each log entry carrying the small files as its record (so an older version's
+    ``scaling.json`` travels with it), then writes the small files beside the tables."""
+
+    def __init__(self, final, tables: tuple, stage: str) -> None:
+        super().__init__(final)
+        self.staging = self.final.child(JOBS_DIR, self.job_id)
+        self.target = JobTarget(str(self.staging))
+        self.tables = tuple(tables)
+        self.stage = stage
+        self.small: dict[str, bytes] = {}
+        self.versions: dict[str, int] = {}
+        self._subs: list[DeltaJob] = []
+
+    def begin(self) -> "TablesJob":
+        if not self.final.is_local:
+            check_writable(self.final)
+        if (not self.final.is_local or os.path.isdir(self.final.path)) and read_marker(self.final) is not None:
+            raise BadInputError(f"{self.final}: a Parquet output of this pipeline, not a folder of Delta tables: "
+                                "choose another output (nothing was changed)")
+        for t in self.tables:
+            check_table_target(self.final.child(t))
+        if self.final.is_local:
+            os.makedirs(self.staging.path)
+        return self
+
+    def write_bytes(self, rel: str, data: bytes) -> Location:
+        """A small file of the driver: kept for the commit (the tables' records, then beside them)."""
+        self.small[rel] = data
+        return self.final.child(rel)
+
+    def commit(self) -> list[str]:
+        record = {"stage": self.stage, "job": self.job_id, "overwrite": True,
+                  "files": {rel: json.loads(b) for rel, b in self.small.items() if rel.endswith(".json")}}
+        names = []
+        for t in self.tables:
+            files = {rel[len(t) + 1:]: loc for rel, loc in self.kept().items()
+                     if rel.startswith(t + "/") and rel.endswith(".parquet")}
+            if not files:
+                continue
+            sub = DeltaJob(self.final.child(t), overwrite=True, what=str(self.final.child(t))).begin()
+            self._subs.append(sub)
+            sub.adopt_files(files)
+            sub.schema = _footer_schema(next(iter(files.values())))
+            sub.schema_source = str(self.final.child(t))
+            sub.record = record
+            names += [f"{t}/{n}" for n in sub.commit()]
+            self.versions[t] = sub.version
+        for rel, data in sorted(self.small.items()):
+            write_bytes(self.final.child(rel), data)
+            _step(f"wrote {rel}")
+        delete_tree(self.staging)
+        return names
+
+    def abort(self) -> None:
+        for sub in self._subs:
+            sub.abort()
+        delete_tree(self.staging)
+
+
+@contextlib.contextmanager
+def tables_job(final, tables: tuple, stage: str) -> Iterator[TablesJob]:
+    """Begin a job writing the Delta tables ``tables`` inside ``final``; commit when the block ends."""
+    job = TablesJob(final, tables, stage).begin()
+    try:
+        yield job
+    except BaseException:
+        job.abort()
+        raise
+    try:
+        job.commit()
+    except BaseException:
+        job.abort()
+        raise
 
 
 @contextlib.contextmanager
