@@ -43,7 +43,6 @@ at most one averaging at a time.
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable, Literal, Optional
 
 import numpy as np
@@ -72,7 +71,7 @@ class PairAveraging:
     active from its own thread (:class:`~..comm.round_server.RoundServer`), one averaging at a
     time (``serve_lock``). ``liveness`` and ``keepalive``: see :mod:`.async_common`."""
 
-    def __init__(self, channel: P2PChannel, tensors: list[torch.Tensor], lock: threading.Lock,
+    def __init__(self, channel: P2PChannel, tensors: list[torch.Tensor], lock,
                  stats: Optional[AsyncStats] = None, *, seed: int = 0, delay_s: float = 0.0,
                  grad_steps: Callable[[], int] = lambda: 0, per_step: bool = False, keepalive=None) -> None:
         self.ch, self.tensors, self.lock = channel, tensors, lock

@@ -17,7 +17,6 @@
 """
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
