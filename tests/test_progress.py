@@ -119,3 +119,22 @@ def test_the_simulation_progress_is_whole_lines_in_a_log(tmp_path):
     assert r.returncode == 0, err[-3000:]
     assert "\r" not in out + err, [ln for ln in err.split("\n") if "\r" in ln][:2]
     assert re.search(r"^simulate: 40/40 ev, [\d.]+ ev/s$", err, re.M), err[-2000:]
+
+
+@pytest.mark.slow  # two local 2-worker trainings (about 10 s each on 2 idle cores)
+def test_each_local_run_reaches_its_own_relay(digit_shards, tmp_path, capsys):
+    """Local workers fork from a server that imported torch once (pipeline/train/local_launchers.py):
+    each still gets the launching process's environment of the moment, so the second run in the
+    same process reports to the second run's relay, not to the first one's closed socket. (capsys
+    sees only what this process writes, i.e. the relay's lines, not a worker's own stderr.)"""
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+
+    seen = []
+    for i in range(2):
+        cfg = TrainConfig(manifest=str(digit_shards), output=str(tmp_path / f"train{i}"), launcher="local",
+                          epochs=1, max_steps=6, batch_size=8, eval_every=3, checkpoint_every=0, progress=False)
+        train(cfg)
+        err = capsys.readouterr().err
+        seen.append([ln for ln in err.splitlines() if re.match(r"^\[train\] step \d+ epoch [\d.]+ val loss", ln)])
+    assert [len(s) >= 1 for s in seen] == [True, True], seen
