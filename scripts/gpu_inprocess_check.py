@@ -20,6 +20,7 @@ host without a GPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -156,7 +157,9 @@ def train_once(root: Path, tag: str, manifest: Path, scaling, model: str, batch:
                       device=device, progress=False, seed=0, algorithm=algorithm,
                       scaling=str(scaling) if scaling else None, **extra)
     t0 = time.time()
-    s = train(cfg)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{out}.log", "w") as log, contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
+        s = train(cfg)          # the run's progress and validation lines go to <workdir>/runs/<run>.log
     return {"device": s["device"], "accuracy": s["test_accuracy"], "final_digests": s["final_digests"],
             "simulated": "simulated_clock" in s["ranks"][0], "seconds": round(time.time() - t0, 2)}
 
