@@ -58,7 +58,10 @@ class ShardConfig(StageConfig):
     """Config of the shard stage (``jobs/shard.py``, defaults in ``configs/shard.yaml``)."""
 
     input: str = Field("runs/hep/features/hlf", description="input Parquet dataset (needs sample_id and split): a "
-                                                          "local path or s3://bucket/prefix")
+                                                          "local path or s3://bucket/prefix, or a Delta table "
+                                                          "(its snapshot's files)")
+    input_version: Optional[int] = Field(None, ge=0, description="a Delta table input: the version to read (time "
+                                         "travel; default: the newest)")
     output: str = Field("runs/hep/shards", description="output directory or s3://bucket/prefix (replaced atomically; "
                                                    "docs/storage.md)")
     scheme: Literal["disjoint", "full_overlap", "coarse", "medium_coarse", "fine_grained", "households",
@@ -216,7 +219,7 @@ def shard(cfg: ShardConfig, spark=None) -> dict:
     layout = cfg.layout()
     src, out = _check_paths(cfg)
     spark = spark or get_spark(cfg.spark)
-    sc, received = scan(spark, src)
+    sc, received = scan(spark, src, cfg.input_version)
     totals = sc.totals()
     N = totals.get(TRAIN_SPLIT, 0)
     if N == 0:

@@ -133,10 +133,11 @@ def _count_schema():
                       ("duplicate", pa.int64()), ("error", pa.string())])
 
 
-def scan(spark, path) -> tuple[Scan, int]:
-    """The input's files, schema and per row group counts (one Spark pass); BadInputError naming
-    the file and column of the first problem. Returns (scan, bytes received from the tasks)."""
-    files = dataset_files(path)
+def scan(spark, path, version=None) -> tuple[Scan, int]:
+    """The input's files (a Delta table: its snapshot at ``version``), schema and per row group
+    counts (one Spark pass); BadInputError naming the file and column of the first problem.
+    Returns (scan, bytes received from the tasks)."""
+    files = dataset_files(path, version=version)
     if not location(path).is_local:
         forward_s3_settings(spark)
     schema = parquet_schema_of(files[0])
@@ -156,11 +157,11 @@ def scan(spark, path) -> tuple[Scan, int]:
     for name in {s for g in groups for s in g[4]}:
         if not _SPLIT_NAME.match(name):
             raise BadInputError(f"{location(path)}: column 'split' has value {name!r}, not usable as a directory name")
-    _check_unique_across_files(spark, path, files, rows)
+    _check_unique_across_files(spark, path, files, rows, version)
     return Scan(files, schema, groups), res.nbytes
 
 
-def _check_unique_across_files(spark, path, files: list[str], rows: list[dict]) -> None:
+def _check_unique_across_files(spark, path, files: list[str], rows: list[dict], version=None) -> None:
     """Ids are unique within each file (checked by its task); across files they can only collide
     where the files' id ranges overlap, and then a Spark aggregation finds the first duplicate."""
     spans: dict[int, list[int]] = {}
@@ -174,7 +175,7 @@ def _check_unique_across_files(spark, path, files: list[str], rows: list[dict]) 
         return
     from pyspark.sql import functions as F
 
-    dup = (parquet_frame(spark, path, columns=["sample_id"]).groupBy("sample_id").count()
+    dup = (parquet_frame(spark, path, columns=["sample_id"], version=version).groupBy("sample_id").count()
            .where(F.col("count") > 1).limit(1).collect())
     if dup:
         raise BadInputError(f"{location(path)}: column 'sample_id' has duplicate value {dup[0]['sample_id']}")
