@@ -152,3 +152,19 @@ def test_simulation_on_spark_connect_writes_each_tasks_seeded_events(connect_spa
     for name in ("EFlowTrack.PT", "MissingET.MET", "Event.Number"):
         x, y = a[name].array(), b[name].array()
         assert np.array_equal(ak.to_numpy(ak.flatten(x, axis=None)), ak.to_numpy(ak.flatten(y, axis=None))), name
+
+
+@pytest.mark.slow   # plans in a Python worker of the server, then 3 read tasks: over 20 s on a loaded 2-core host
+def test_the_root_data_source_on_spark_connect(connect_spark, delphes_root):
+    """``spark.read.format("root")`` registered on a Connect session: the server plans the chunks
+    and reads them in its Python workers; the values are uproot's."""
+    import uproot
+
+    from pipeline.ingest.datasource import register
+
+    register(connect_spark)
+    df = (connect_spark.read.format("root").option("tree", "Delphes").option("filter_name", "MissingET.MET")
+          .option("step_size", "10").load(str(delphes_root)))
+    rows = df.collect()
+    want = uproot.open(delphes_root)["Delphes"]["MissingET.MET"].array(library="ak").tolist()
+    assert len(rows) == 25 and sorted(v for r in rows for v in r["MissingET.MET"]) == sorted(v for w in want for v in w)
