@@ -89,15 +89,17 @@ def test_the_same_seed_gives_the_same_run_to_the_bit(digits2, digits4, tmp_path,
 
 
 def test_another_seed_or_straggler_factor_gives_another_interleaving(digits4, tmp_path):
-    """The model's seed fixed: the clock's seed (compute times, order of equal times) or a straggler factor
-    alone changes the order of the averagings, and so the parameters."""
+    """The model's seed fixed: the clock's seed (compute times, order of equal times), a straggler factor
+    or the message delay alone changes the order of the averagings, and so the parameters."""
     cfg = _cfg(digits4, tmp_path, {"name": "adpsgd", "params": {"round_steps": 4}})
     ref = _fingerprint(_run(tmp_path, "ref", cfg))
     other_seed = _fingerprint(_run(tmp_path, "seed", cfg.model_copy(
         update={"simulated_clock": SimClockConfig(seed=cfg.seed + 1)})))
     slow = _fingerprint(_run(tmp_path, "slow", cfg.model_copy(
         update={"stragglers": cfg.stragglers.model_copy(update={"slowdown": {3: 2.0}})})))
-    for other in (other_seed, slow):
+    late = _fingerprint(_run(tmp_path, "late", cfg.model_copy(
+        update={"simulated_clock": SimClockConfig(latency_s=0.02)})))      # messages slower than a step
+    for other in (other_seed, slow, late):
         assert other[2]["trace"] != ref[2]["trace"]           # the threads ran in another order
         assert other[1] != ref[1]                             # and the averagings changed the parameters
         assert other[0][0][0] == ref[0][0][0]                 # the same first step (the seed of the model)
@@ -124,6 +126,19 @@ def test_a_synchronous_algorithm_gives_the_same_digests_with_the_simulated_clock
     assert "simulated_clock" not in free["ranks"][0] and sim["ranks"][0]["simulated_clock"]["switches"] > 0
     assert [r["digests"] for r in sim["ranks"]] == [r["digests"] for r in free["ranks"]]
     assert sim["final_digests"] == free["final_digests"]
+
+
+def test_the_simulated_pair_channels_carry_tensors_only():
+    """SimChannel keeps P2PChannel's contract: a non-tensor payload is refused in one line, a channel to a
+    rank outside its pairs does not exist."""
+    from pipeline.train.comm.p2p import PeerError, SimChannel
+
+    ch = SimChannel(None, 0, 3, [(0, 1)])
+    assert ch.peers == [1]
+    with pytest.raises(TypeError, match="only tensors travel"):
+        ch.send({"x": 1}, 1)
+    with pytest.raises(PeerError, match="no channel to rank 2"):
+        ch.send(torch.zeros(1), 2)
 
 
 def test_a_failing_rank_ends_a_simulated_run_with_its_own_error(digits2, tmp_path):
