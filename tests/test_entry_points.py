@@ -22,7 +22,10 @@ import pytest
 
 from shell_fixtures import REPO, VENV_BIN, activated_env, clean_env, lines, sh, spark_info_lines
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# e2e and slow: the tests that start a job in a new shell. Each such process starts its own JVM
+# (spark-submit, or the job's own Spark session) and a fresh interpreter, which is what is under test,
+# so none can share the suite's session; one job per entry point and what it shows. The checks that
+# run in this process are in the fast tier.
 
 DIGITS = ["--source", "sklearn_digits", "--limit", "120"]
 
@@ -33,21 +36,22 @@ def _job(how: str, job: str, args: list[str], master: str = "local[1]") -> list[
     return [str(VENV_BIN / "python"), "-m", f"jobs.{job}", "--spark.master", master, *args]
 
 
-@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["spark-submit", "python -m"])
-def test_spark_logs_at_warn_and_verbose_brings_info_back(how, verbose, tmp_path):
+def test_spark_logs_at_warn(how, tmp_path):
+    """Without a flag, no Spark INFO line. (``--verbose`` bringing them back, from each entry point:
+    the slot-error runs below, which start the same Spark session and stop right after.)"""
     out = tmp_path / "digits"
-    r = sh(_job(how, "ingest_images", [*DIGITS, "--output", str(out), *(["--verbose"] if verbose else [])]),
-           cwd=tmp_path, timeout=300)
+    r = sh(_job(how, "ingest_images", [*DIGITS, "--output", str(out)]), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     info = spark_info_lines(r.stderr + r.stdout)
-    if verbose:
-        assert len(info) >= 5 and any("SparkContext" in ln for ln in info), r.stderr[-3000:]
-    else:
-        assert info == [], f"{len(info)} Spark INFO lines, e.g. {info[:3]}"
+    assert info == [], f"{len(info)} Spark INFO lines, e.g. {info[:3]}"
     assert (out / "_ingest.json").is_file()
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("command,activated", [
     (".venv/bin/spark-submit jobs/train.py --config configs/train.yaml --dry-run", False),
     (".venv/bin/spark-submit jobs/train.py --config configs/train.yaml --dry-run", True),
@@ -67,18 +71,18 @@ def test_the_virtualenv_launchers_with_and_without_activation(command, activated
         r.stdout[-2000:]
 
 
-@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
-def test_a_make_target_logs_at_warn_and_verbose_brings_info_back(verbose, tmp_path):
-    """``make run-images`` with a small run in ``ARGS``: the Makefile's spark-submit."""
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_make_target_logs_at_warn(tmp_path):
+    """``make run-images`` with a small run in ``ARGS``: the Makefile's spark-submit, no Spark INFO
+    line, the job's SUMMARY last. (``ARGS=--verbose`` through the Makefile: the slot-error run below.)"""
     args = (f"--set ingest.source=sklearn_digits --set ingest.limit=150 --set workers=1 --set train.launcher=local "
-            f"--set train.epochs=1 --set train.progress=false --set output_root={tmp_path / 'run'}"
-            + (" --verbose" if verbose else ""))
+            f"--set train.epochs=1 --set train.progress=false --set output_root={tmp_path / 'run'}")
     r = sh(["make", "run-images", f"ARGS={args}"], cwd=REPO, timeout=600, merged=True)
     assert r.returncode == 0, r.stdout[-3000:]
     info = spark_info_lines(r.stdout)
-    assert (len(info) >= 5) if verbose else (info == []), info[:3]
-    ours = [ln for ln in lines(r.stdout) if ln not in info]   # verbose: Spark's shutdown lines may follow
-    assert ours[-1].startswith("SUMMARY run_images: "), ours[-3:]
+    assert info == [], info[:3]
+    assert lines(r.stdout)[-1].startswith("SUMMARY run_images: "), lines(r.stdout)[-3:]
 
 
 # ------------------------------------------------------------------ executors without the dependencies
@@ -121,6 +125,8 @@ def _system_python() -> str:
     return _bare_python()
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_job_whose_executors_lack_the_dependencies_stops_with_one_line(tmp_path):
     py = _system_python()
     out = tmp_path / "digits"
@@ -146,6 +152,8 @@ print("ROWS", df.count())
 '''
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["PYSPARK_PYTHON=system python3", "no PYSPARK_PYTHON", "PYSPARK_PYTHON=venv"])
 def test_the_datasource_example_in_a_plain_script(case, tmp_path, delphes_root):
     """pipeline/ingest/datasource.py's example in a script run with the virtualenv's Python, not
@@ -184,19 +192,34 @@ def test_the_check_runs_once_per_session_and_passes_with_the_project_python(spar
 
 
 # ------------------------------------------------------------------ the flag of the entry point
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.parametrize("how,flag,not_flag", [
     ("python -m", "--spark.master local[3]", "--master local[3]"),
     ("spark-submit", "--master local[3]", "--spark.master"),
+    ("make", "--master local[3]", "--spark.master"),
 ])
-def test_the_slot_error_names_the_flag_of_the_entry_point(how, flag, not_flag, tmp_path):
-    """The image slice with 3 workers on a local[2] session fails fast, and the line suggests the
-    option that this entry point accepts."""
-    args = ["--set", "workers=3", "--set", "ingest.source=sklearn_digits", "--set", "ingest.limit=150",
-            "--set", "train.epochs=1", "--set", f"output_root={tmp_path / 'run'}"]
-    r = sh(_job(how, "run_images", args, master="local[2]"), cwd=tmp_path, timeout=600, merged=True)
+def test_the_slot_error_names_the_flag_of_the_entry_point_and_verbose_brings_info_back(how, flag, not_flag,
+                                                                                       tmp_path):
+    """The image slice with 3 workers on a 2-slot session fails fast, and the line suggests the
+    option that this entry point accepts (``make run-images`` runs spark-submit on ``local[*]``:
+    one worker more than the cores). The run is ``--verbose``: Spark's INFO lines come back from each entry point,
+    through the Makefile's log4j configuration too; the job's error line stays the last of ours."""
+    workers = 3 if how != "make" else (os.cpu_count() or 2) + 1     # make: local[*], one slot per core
+    flag, not_flag = flag.replace("[3]", f"[{workers}]"), not_flag.replace("[3]", f"[{workers}]")
+    args = ["--set", f"workers={workers}", "--set", "ingest.source=sklearn_digits", "--set", "ingest.limit=150",
+            "--set", "train.epochs=1", "--set", f"output_root={tmp_path / 'run'}", "--verbose"]
+    if how == "make":
+        cmd, cwd = ["make", "run-images", "ARGS=" + " ".join(args)], REPO
+    else:
+        cmd, cwd = _job(how, "run_images", args, master="local[2]"), tmp_path
+    r = sh(cmd, cwd=cwd, timeout=600, merged=True)
     assert r.returncode == 2, r.stdout[-3000:]
-    last = lines(r.stdout)[-1]
-    assert last.startswith("error:") and "workers=3" in last and flag in last and not_flag not in last, last
+    info = spark_info_lines(r.stdout)
+    assert len(info) >= 5 and any("SparkContext" in ln for ln in info), r.stdout[-3000:]
+    ours = [ln for ln in lines(r.stdout) if ln not in info and not ln.startswith("make")]  # Spark's shutdown lines may follow
+    last = ours[-1]
+    assert last.startswith("error:") and f"workers={workers}" in last and flag in last and not_flag not in last, last
 
 
 def test_the_slot_error_from_python_names_the_config_key(spark):
