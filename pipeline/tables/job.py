@@ -22,8 +22,8 @@ A :class:`DeltaJob` is an :class:`~pipeline.commit.OutputJob` whose output is a 
 
 A stopped job's prefix, and the files it had moved into the table, are deleted by a later job on
 the table once they are older than :data:`STALE_S` (a running job's files are never touched: the
-jobs keep no lock, so only age tells a dead job from a slow one); ``DeltaTable.vacuum`` also
-removes data files no version names.
+jobs keep no lock, so only age tells a dead job from a slow one); ``DeltaTable.vacuum(full=True)``
+also removes data files the log does not name.
 """
 from __future__ import annotations
 
