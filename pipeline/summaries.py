@@ -121,3 +121,8 @@ def run_images(cfg, r: dict, seconds: float) -> str:
     return (f"{r['rows']} {r['source']} images -> {cfg.workers} {r['scheme']} shards -> {r['model']} / "
             f"{r['algorithm']} on {r['launcher']} ({t.epochs} epochs): test accuracy {_num(r['test_accuracy'])} "
             f"in {r['seconds']:.0f} s [{_out(cfg.output_root, 'summary.json')}]")
+
+
+def results_tables(cfg, r: dict, seconds: float) -> str:
+    state = "rewritten" if r["rewritten"] else "up to date"
+    return f"{len(r['studies'])} tables generated from the run records, {state} -> {r['page']}"

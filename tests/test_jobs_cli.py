@@ -301,11 +301,19 @@ SUMMARY_RUNS = {
                                  "--set", "train.launcher=local", "--set", "train.epochs=1", "--set", "train.batch_size=8",
                                  "--set", "train.progress=false", "--set", f"output_root={out}"],
                 ["120 generated events", "test accuracy", "ROC AUC qcd", "summary.json"]),
+    "results_tables": (lambda rq, out: ["--set", f"page={_page_without_tables(out)}"],
+                       ["0 tables generated from the run records", "up to date"]),
     "run_images": (lambda rq, out: ["--config", "configs/run_images.yaml", "--set", "ingest.source=sklearn_digits",
                                     "--set", "ingest.limit=200", "--set", "workers=1", "--set", "train.launcher=local",
                                     "--set", "train.epochs=1", "--set", "train.progress=false",
                                     "--set", f"output_root={out}"], ["200 sklearn_digits images", "test accuracy"]),
 }
+
+
+def _page_without_tables(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "page.md").write_text("# results\n")
+    return out / "page.md"
 
 
 @pytest.mark.slow

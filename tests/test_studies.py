@@ -207,6 +207,7 @@ def test_run_records_carry_a_study_to_another_sitting_and_generate_its_table(fin
     rerun skips every recorded run and reports the same numbers; a record of another config is
     trained again and replaced; the table generated from the records equals a recomputation."""
     from pipeline.config import load_config
+    from pipeline.errors import PipelineError
     from pipeline.studies import tables
     from pipeline.studies.records import study_records
     from pipeline.studies.runner import run_study
@@ -249,15 +250,17 @@ def test_run_records_carry_a_study_to_another_sitting_and_generate_its_table(fin
         "test": {"against": "lr 0.003", "alternative": "greater"}}))
     page = tmp_path / "results.md"
     page.write_text("intro\n<!-- results-table: tiny -->\nold\n<!-- /results-table -->\nend\n")
-    assert tables.main(["--page", str(page), "--results", str(tmp_path / "results"), "--check"]) == 1
-    assert tables.main(["--page", str(page), "--results", str(tmp_path / "results")]) == 0
+    cfg = tables.ResultsTablesConfig(page=str(page), results=str(tmp_path / "results"), check=True)
+    with pytest.raises(PipelineError, match="out of date"):
+        tables.results_tables(cfg)
+    assert tables.results_tables(cfg.model_copy(update={"check": False}))["rewritten"]
     text = page.read_text()
     row = [ln for ln in text.splitlines() if ln.startswith("| all |")][0].split("|")[2:-1]
     for col, lr in ((1, 0.003), (2, 0.03)):
         acc = 100 * after.loc[after["train.lr"] == lr, "test_accuracy"]
         assert row[col].strip() == f"{acc.mean():.2f} ± {acc.std():.2f} (n = 2)"
     assert row[0].strip() == "1.00" and text.startswith("intro\n") and text.endswith("end\n")
-    assert tables.main(["--page", str(page), "--results", str(tmp_path / "results"), "--check"]) == 0
+    assert not tables.results_tables(cfg)["rewritten"]
 
 
 def test_dry_run_counts_runs_and_distinct_layouts(tmp_path, capsys):
@@ -579,4 +582,4 @@ def test_results_page_is_generated_from_the_committed_records():
     record committed without regenerating the page, or a number edited by hand, fails here."""
     from pipeline.studies import tables
 
-    assert tables.main(["--check"]) == 0
+    assert not tables.results_tables(tables.ResultsTablesConfig(check=True))["rewritten"]

@@ -23,19 +23,19 @@ A row or column may also select with ``any_of: {factor: [values]}``.
 
 A region of docs/results.md between ``<!-- results-table: <study> -->`` and
 ``<!-- /results-table -->`` is replaced by the study's table. ``python -m jobs.results_tables``
-rewrites the page; ``--check`` only says whether it is up to date (exit 1 if not).
+rewrites the page; ``--set check=true`` only checks that it is up to date (one line and exit 2 if not).
 """
 from __future__ import annotations
 
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from .grid import REPO, _same
 from .records import study_records
@@ -198,27 +198,31 @@ def regenerate(page: Path = PAGE, root: Path = RESULTS) -> tuple[str, list[str]]
     return REGION.sub(sub, text), studies
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
+class ResultsTablesConfig(StageConfig):
+    """Config of ``jobs/results_tables.py``: regenerate the tables of the results page."""
 
-    ap = argparse.ArgumentParser(prog="results_tables", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="only check that the page is up to date (exit 1 if not)")
-    ap.add_argument("--page", default=str(PAGE), help="the page (default docs/results.md)")
-    ap.add_argument("--results", default=str(RESULTS), help="the records folder (default results/)")
-    a = ap.parse_args(argv)
-    page = Path(a.page)
-    try:
-        new, studies = regenerate(page, Path(a.results))
-    except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    if a.check:
-        if new != page.read_text():
-            print(f"results_tables: {page} is out of date with {a.results}: run python -m jobs.results_tables")
-            return 1
-        print(f"results_tables: {page} is up to date ({len(studies)} tables)")
-        return 0
-    if new != page.read_text():
+    page: str = Field(str(PAGE), description="the page whose results-table regions are generated")
+    results: str = Field(str(RESULTS), description="the records folder: <results>/<study>/table.yaml and the records")
+    check: bool = Field(False, description="only check that the page is up to date (an error if not)")
+
+
+def plan_tables(cfg: ResultsTablesConfig) -> dict:
+    """``--dry-run``: the studies whose tables the page holds, and whether it is up to date."""
+    page = Path(cfg.page)
+    new, studies = regenerate(page, Path(cfg.results))
+    return {"page": str(page), "results": cfg.results, "studies": studies, "up_to_date": new == page.read_text()}
+
+
+def results_tables(cfg: ResultsTablesConfig) -> dict:
+    """Rewrite the page's tables from the records (or, with ``check``, fail in one line when the
+    page is out of date)."""
+    page = Path(cfg.page)
+    if not page.is_file():
+        raise BadInputError(f"results page not found: {page}")
+    new, studies = regenerate(page, Path(cfg.results))
+    current = new == page.read_text()
+    if cfg.check and not current:
+        raise PipelineError(f"{page} is out of date with the records in {cfg.results}: run python -m jobs.results_tables")
+    if not current:
         page.write_text(new)
-    print(f"results_tables: {len(studies)} tables in {page} ({', '.join(studies)})")
-    return 0
+    return {"page": str(page), "studies": studies, "rewritten": not current}
