@@ -34,6 +34,24 @@ def _base(man, **kw):
     return d
 
 
+@pytest.fixture(scope="module")
+def two_workers(spark, tmp_path_factory):
+    """2-worker shards and the uninterrupted run per Spark launcher, each trained once for the module:
+    the Horovod kill and hang drills compare with the same run (``stall_timeout`` only bounds a wait
+    for a dead peer; it changes no step of a run that has none)."""
+    root = tmp_path_factory.mktemp("two-workers")
+    man = _shards(root, 2)
+    refs: dict[str, dict] = {}
+
+    def ref(launcher: str) -> dict:
+        if launcher not in refs:
+            refs[launcher] = train(TrainConfig(output=str(root / f"ref-{launcher}"), **_base(man, launcher=launcher)),
+                                   spark)
+        return refs[launcher]
+
+    return man, ref
+
+
 def _check_restart(run: dict, ref: dict, worker, from_step: int) -> None:
     (r,) = run["restarts"]
     assert r["from_step"] == from_step and r["checkpoint"].endswith(f"step_{from_step:08d}")
@@ -48,23 +66,23 @@ def _check_restart(run: dict, ref: dict, worker, from_step: int) -> None:
 
 @pytest.mark.timeout(600)  # about 60 s; a survivor blocked on its dead peer is ended after stall_timeout
 @pytest.mark.parametrize("launcher", [pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
-def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, tmp_path, launcher):
-    man = _shards(tmp_path, 2)
+def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, two_workers, tmp_path, launcher):
+    man, uninterrupted = two_workers
     base = _base(man, launcher=launcher)
-    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base), spark)
+    ref = uninterrupted(launcher)
     run = train(TrainConfig(output=str(tmp_path / "run"), debug=KILL, **base), spark)
     _check_restart(run, ref, None, 6)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.needs_horovod
-def test_a_blocked_horovod_worker_is_ended_by_the_watchdog_and_the_run_relaunched(spark, tmp_path):
+def test_a_blocked_horovod_worker_is_ended_by_the_watchdog_and_the_run_relaunched(spark, two_workers, tmp_path):
     """Rank 1 blocks for good after step 7 (a deadlock); rank 0 then waits in its next allreduce.
     Both watchdogs end their processes after stall_timeout, Horovod reports the failed launch,
     and the relaunch from step 6 ends like the uninterrupted run."""
-    man = _shards(tmp_path, 2)
+    man, uninterrupted = two_workers
     base = _base(man, launcher="horovod", stall_timeout=20)
-    ref = train(TrainConfig(output=str(tmp_path / "ref"), **base), spark)
+    ref = uninterrupted("horovod")
     t0 = time.monotonic()
     run = train(TrainConfig(output=str(tmp_path / "run"), debug={**KILL, "fail_mode": "hang"}, **base), spark)
     _check_restart(run, ref, None, 6)
