@@ -99,6 +99,8 @@ DRY_RUN = {
     re.compile(r"^\.venv/bin/python -m pytest "): "a part of the test suite (minutes)",
     re.compile(r"^\.venv/bin/python bench/"): "a benchmark (minutes to hours on 2 idle cores)",
     ".venv/bin/python -m pipeline.contracts": "rewrites schemas/contracts/ in the checkout",
+    re.compile(r"^(\.venv/bin/)?python -m jobs\.results_tables$"): "rewrites docs/results.md in the checkout when records "
+                                                                 "were added (tests/test_studies.py checks the page)",
     re.compile(r"^\.venv/bin/python -m jobs\.experiment --config configs/"): "a study: several trainings (minutes to hours)",
     re.compile(r"^\.venv/bin/python -m jobs\.tune --config configs/"): "a search: several trainings (minutes)",
     ".venv/bin/spark-submit jobs/simulate.py --config configs/simulate.yaml --set events=20000": "60,000 events",

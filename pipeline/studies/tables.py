@@ -182,7 +182,7 @@ def render(study: str, root: Path = RESULTS) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({r["seed"] for r in records})
     note = (f"Generated from {len(records)} run record(s) in `results/{study}/` (metric `{spec.metric}`"
-            f"{', in %' if spec.percent else ''}; seeds {seeds}) by `python -m jobs.results_tables`.")
+            f"{', in %' if spec.percent else ''}; seeds {seeds}) by `.venv/bin/python -m jobs.results_tables`.")
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
