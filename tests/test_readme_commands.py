@@ -99,6 +99,8 @@ DRY_RUN = {
     re.compile(r"^\.venv/bin/python -m pytest "): "a part of the test suite (minutes)",
     re.compile(r"^\.venv/bin/python bench/"): "a benchmark (minutes to hours on 2 idle cores)",
     ".venv/bin/python -m pipeline.contracts": "rewrites schemas/contracts/ in the checkout",
+    re.compile(r"--input runs/hep/(table|day/)"): "the daily recipe's later steps read the table its first step writes "
+                                                 "(tests/test_dags_daily.py runs the three in order, twice)",
     re.compile(r"^(\.venv/bin/)?python -m jobs\.results_tables$"): "rewrites docs/results.md in the checkout when records "
                                                                  "were added (tests/test_studies.py checks the page)",
     re.compile(r"^\.venv/bin/python -m jobs\.experiment --config configs/"): "a study: several trainings (minutes to hours)",
