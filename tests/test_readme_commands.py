@@ -77,6 +77,8 @@ NOT_RUN = {
     re.compile(r"/tmp/hep-env"): "builds and packs a second full environment to ship to a cluster (pip, the Horovod "
                                  "build, venv-pack: many minutes)",
     "python -m venv": "a phrase in the text",
+    "python -m": "a phrase in the text (docs/DEVELOPING.md's table of cheaper tests)",
+    "spark-submit jobs/ingest_images.py": "a phrase in the text (docs/DEVELOPING.md's table of cheaper tests)",
     "pip install -e": "a phrase in the text",
 }
 
