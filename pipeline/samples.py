@@ -53,9 +53,20 @@ def coffea_samples(cache: Path | None = None) -> Path:
                 if len(parts) == 4 and parts[1:3] == ("tests", "samples") and m.name.endswith(".root") and m.isfile():
                     m.name = parts[-1]
                     tf.extract(m, staging, filter="data")
-        os.replace(staging, out)
+        install_fetched(staging, out)
     log.info("sample ROOT files in %s", out)
     return out
+
+
+def install_fetched(staging: Path, out: Path) -> None:
+    """Move a fetched ``staging`` folder to ``out`` in one rename. Another process fetching at the
+    same time (two test workers, two jobs on a fresh machine) may have put a complete ``out`` there
+    first: then ours is dropped and theirs kept."""
+    try:
+        os.replace(staging, out)
+    except OSError:
+        if not (out / "delphes.root").is_file():
+            raise
 
 
 def sample_file(name: str) -> Path:
