@@ -42,17 +42,21 @@ run-hep: setup
 run-images: setup
 	$(SUBMIT) jobs/run_images.py --config configs/run_images.yaml $(ARGS)
 
-## make test: the whole suite (CI, design-card environment); make test-fast: without the slow, e2e and cluster tiers
+## make test: the whole suite (CI, design-card environment); make test-fast: without the slow, e2e and cluster tiers.
+## The test files run on TEST_WORKERS pytest-xdist workers, each file whole on one worker (its module fixtures
+## once); TEST_WORKERS=0 runs them one after another in this process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup services
-	$(PY) -m pytest tests --durations=15
+	$(PY) -m pytest tests $(XDIST) --durations=15
 
 test-fast: setup services
-	$(PY) -m pytest tests -m "not slow and not e2e and not cluster" --durations=15
+	$(PY) -m pytest tests $(XDIST) -m "not slow and not e2e and not cluster" --durations=15
 
 ## make test-current: the current environment's fast tier (without needs_petastorm, needs_horovod) and the
 ## HEP (launcher torch) and image (launcher local) pipelines end to end
 test-current: setup-current services
-	VENV_CURRENT=$(VENV_CURRENT) bash scripts/test_current.sh
+	VENV_CURRENT=$(VENV_CURRENT) TEST_WORKERS=$(TEST_WORKERS) bash scripts/test_current.sh
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

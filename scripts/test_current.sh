@@ -16,7 +16,9 @@ OUT=$(mktemp -d "${TMPDIR:-/tmp}/hep-pipeline-current-XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 t0=$SECONDS
 echo "[test-current] fast tier, without needs_petastorm and needs_horovod"
-"$PY" -m pytest tests -m "not slow and not e2e and not cluster and not needs_petastorm and not needs_horovod" --durations=15 "$@"
+XDIST=(-n "${TEST_WORKERS:-2}" --dist loadfile)
+[ "${TEST_WORKERS:-2}" = 0 ] && XDIST=()
+"$PY" -m pytest tests "${XDIST[@]}" -m "not slow and not e2e and not cluster and not needs_petastorm and not needs_horovod" --durations=15 "$@"
 t1=$SECONDS
 echo "[test-current] HEP pipeline end to end (launcher torch)"
 "${SUBMIT[@]}" jobs/run_hep.py --config configs/run_hep.yaml --set output_root="$OUT/hep" \
