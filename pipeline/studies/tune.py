@@ -220,7 +220,6 @@ def check_tune(cfg: TuneConfig) -> dict:
 def plan_tune(cfg: TuneConfig) -> dict:
     """``--dry-run``: the checked space and what would run."""
     check_tune(cfg)
-    out = tune_dir(cfg)
     grid = grid_space(cfg) if cfg.sampler == "grid" else None
     return {"tune": cfg.name, "sampler": cfg.sampler, "trials": n_trials(cfg, grid), "parallel": cfg.parallel,
             "objective": f"{cfg.direction} {cfg.objective}", "space": {k: v.model_dump(exclude_none=True)

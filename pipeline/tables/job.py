@@ -34,11 +34,11 @@ import os
 import posixpath
 import re
 import time
-from typing import Iterator, Optional
+from typing import Optional
 from urllib.parse import quote
 
 from ..attempts import JobTarget
-from ..commit import OutputJob, _step
+from ..commit import OutputJob, _step, committing
 from ..errors import BadInputError
 from ..fs import (Location, check_writable, delete_file, delete_tree, list_dirs, list_files, read_bytes_if_exists,
                   write_bytes)
@@ -372,33 +372,11 @@ class TablesJob(OutputJob):
         delete_tree(self.staging)
 
 
-@contextlib.contextmanager
-def tables_job(final, tables: tuple, stage: str) -> Iterator[TablesJob]:
+def tables_job(final, tables: tuple, stage: str) -> contextlib.AbstractContextManager[TablesJob]:
     """Begin a job writing the Delta tables ``tables`` inside ``final``; commit when the block ends."""
-    job = TablesJob(final, tables, stage).begin()
-    try:
-        yield job
-    except BaseException:
-        job.abort()
-        raise
-    try:
-        job.commit()
-    except BaseException:
-        job.abort()
-        raise
+    return committing(TablesJob(final, tables, stage).begin())
 
 
-@contextlib.contextmanager
-def delta_job(final, **options) -> Iterator[DeltaJob]:
+def delta_job(final, **options) -> contextlib.AbstractContextManager[DeltaJob]:
     """Begin a job writing the Delta table ``final``; commit when the block ends, abort on any exception."""
-    job = DeltaJob(final, **options).begin()
-    try:
-        yield job
-    except BaseException:
-        job.abort()
-        raise
-    try:
-        job.commit()
-    except BaseException:
-        job.abort()
-        raise
+    return committing(DeltaJob(final, **options).begin())

@@ -51,7 +51,6 @@ import os
 import pickle
 import random
 import re
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np

@@ -152,7 +152,7 @@ def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
     import threading
 
     from .comm.inprocess import InProcessWorld, PeerFailed, bind
-    from .comm.simclock import SimDeadlock, Simulation
+    from .comm.simcore import SimDeadlock, Simulation
     from .config import TrainConfig
     from .entry import worker_entry
     from .restart import WorkerLost

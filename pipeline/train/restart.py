@@ -34,11 +34,9 @@ import os
 import re
 import signal
 import threading
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import ConfigError, PipelineError
-from ..fs import location, write_bytes
 from . import checkpoint
 
 log = logging.getLogger(__name__)

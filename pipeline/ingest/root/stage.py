@@ -29,14 +29,13 @@ from ...errors import BadInputError
 from ...fs import location
 from ...paths_overlap import check_apart
 from ...spark import forward_s3_settings, get_spark, spark_task, task_frame
-from ...tables.job import delta_job
+from ...tables.job import check_table_target, delta_job
 from ...tables.types import delta_schema
 from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
 from .files import resolve_files
 from .planning import Chunk, Plan, chunks_dataframe, plan_chunks
 from .schema import conform, schema_bytes
-from .table import (check_partitions, check_schema, check_table_target, nothing_new, prepare_commit, select_inputs,
-                    table_report)
+from .table import check_partitions, check_schema, nothing_new, prepare_commit, select_inputs, table_report
 from .tasks import SCAN_FIELDS, STATUS_FIELDS, ingest_partition, part_name, result_ddl, scan_partition
 from .trees import first_line
 from .twopass import FilePlanning, second_pass_chunks

@@ -10,7 +10,7 @@ from typing import Optional
 from ...errors import BadInputError
 from ...fs import Location
 from ...tables import deltalog
-from ...tables.job import DeltaJob, check_table_target  # noqa: F401 - check_table_target: the stage's
+from ...tables.job import DeltaJob
 from ...tables.ledger import Selection, read_ledger, select_new, source_stat
 from ...tables.types import compare
 from .config import IngestRootConfig
