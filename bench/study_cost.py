@@ -6,8 +6,9 @@ Three measurements, each a ratio against the local launcher measured in the same
 * ``runs``: one E1-protocol run (e1_workers, M = 16, LeNet-5 with BatchNorm) and one E3.2.4 run
   (e3_2_4_household_overlap, L_W = 32, S_H = 8), ``--steps`` steps each with the protocol's
   validation: wall time of the training stage, steps/s of the training loop, and the ratio;
-* ``batch``: ten E3.2.4 runs one after another (seeds 0-9 of that cell, ``--steps`` each), the way a
-  study runs them: total wall time on each launcher and the ratio (target: at least 5x);
+* ``batch``: ten E3.2.4 runs (the study's runs of L_W = 32 with S_H = 8 and 2, seeds 0-4, ``--steps``
+  each), the way a study runs them: one after another on each launcher, and two at once on the
+  in-process one (``parallel_runs: 2``); total wall time on each launcher and the ratio (target: at least 5x);
 * ``start``: the fixed cost of a real M = 16 run on the local launcher (E1 protocol with plain
   LeNet-5, so that older code runs it too, 10 steps): the
   training stage's wall time less its training loop (process starts, plan, the final test
@@ -107,19 +108,40 @@ def bench_runs(data: Path, tmp: Path, steps: int) -> None:
         print(f"({load()})")
 
 
-def bench_batch(data: Path, tmp: Path, steps: int, runs: int = 10) -> None:
-    print(f"\n== a batch of {runs} E3.2.4 runs (L_W = 32, S_H = 8, seeds 0-{runs - 1}), {steps} steps each ({load()})")
+#: the batch: the study's 10 runs of L_W = 32 with S_H = 8 and S_H = 2 (5 seeds each), in the study's order
+BATCH = [({"variant": "LW32", "shard.household_shards": sh}, seed) for sh in (8, 2) for seed in range(5)]
+
+
+def bench_batch(data: Path, tmp: Path, steps: int) -> None:
+    """The batch on the local launcher and on the in-process one, one run after another, and on the
+    in-process one two runs at once (``parallel_runs: 2``, pipeline/studies/parallel.py)."""
+    from pipeline.studies.parallel import RunPool
+
+    print(f"\n== a batch of {len(BATCH)} E3.2.4 runs (L_W = 32, S_H = 8 and 2, seeds 0-4), {steps} steps each "
+          f"({load()})")
     totals = {}
     for launcher in ("local", "inprocess"):
         walls = []
         t0 = time.time()
-        for seed in range(runs):
-            cfg = run_config("e3_2_4_household_overlap", {"variant": "LW32", "shard.household_shards": 8}, seed,
-                             data, launcher, steps, tmp / f"batch-{launcher}-{seed}")
+        for i, (sel, seed) in enumerate(BATCH):
+            cfg = run_config("e3_2_4_household_overlap", sel, seed, data, launcher, steps, tmp / f"batch-{launcher}-{i}")
             walls.append(one_run(cfg)["wall"])
         totals[launcher] = time.time() - t0
-        print(f"{launcher}: {totals[launcher]:.1f} s for {runs} runs; per run {spread(walls)} ({load()})", flush=True)
-    print(f"batch of {runs}: local / inprocess = {totals['local'] / totals['inprocess']:.2f}x (target >= 5x)")
+        print(f"{launcher}: {totals[launcher]:.1f} s for {len(BATCH)} runs; per run {spread(walls)} ({load()})",
+              flush=True)
+    cfgs = [run_config("e3_2_4_household_overlap", sel, seed, data, "inprocess", steps, tmp / f"batch-two-{i}")
+            for i, (sel, seed) in enumerate(BATCH)]
+    t0 = time.time()
+    pool = RunPool(2)
+    try:
+        accs = [f.result()[0]["test_accuracy"] for f in [pool.submit(c) for c in cfgs]]
+    finally:
+        pool.close()
+    totals["two"] = time.time() - t0
+    print(f"inprocess, 2 at once: {totals['two']:.1f} s for {len(BATCH)} runs, the pool's start included; test "
+          f"accuracies {' '.join(f'{a:.4f}' for a in accs)} ({load()})", flush=True)
+    for key, label in (("inprocess", "inprocess, one after another"), ("two", "inprocess, 2 at once")):
+        print(f"batch of {len(BATCH)}: local / {label} = {totals['local'] / totals[key]:.2f}x (target >= 5x)")
 
 
 def bench_start(data: Path, tmp: Path, repeat: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -276,6 +277,40 @@ def test_dry_run_counts_runs_and_distinct_layouts(tmp_path, capsys):
     assert not (tmp_path / "tiny").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_runs_trained_two_at_once_equal_the_runs_trained_one_after_another(spark, tmp_path, tmp_path_factory, caplog):
+    """``parallel_runs: 2``: the 4 runs train in two processes other than the driver, and every run's
+    metrics, steps and record equal those of the same study run one run after another."""
+    import logging
+
+    from pipeline.config import load_config
+    from pipeline.studies.records import study_records
+    from pipeline.studies.runner import run_study
+    from pipeline.studies.spec import StudyConfig
+
+    data = str(tmp_path_factory.getbasetemp() / "studies_data")
+    results = {}
+    for n in (1, 2):
+        doc = tiny_study(tmp_path, name=f"par{n}", data_dir=data, records=str(tmp_path / f"records{n}"),
+                         parallel_runs=n, tracking={"enabled": False})
+        doc["fixed"]["train.launcher"] = "inprocess"
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pipeline.studies.runner"):
+            summary = run_study(load_config(StudyConfig, write_yaml(tmp_path / f"par{n}.yaml", doc)), spark)
+        assert len(summary["trained"]) == 4 and not summary["failed"]
+        pids = {int(m.split("trained in process ")[1]) for m in caplog.messages if "trained in process" in m}
+        assert (len(pids), os.getpid() in pids) == ((2, False) if n == 2 else (0, False)), pids
+        df = pd.read_parquet(tmp_path / f"par{n}" / "results.parquet").sort_values(["cell", "seed"])
+        recs = sorted(study_records(tmp_path / f"records{n}"), key=lambda r: (r["cell"], r["seed"]))
+        results[n] = (df[["cell", "seed", "test_accuracy", "val_accuracy", "steps"]].to_dict("records"),
+                      [(r["cell"], r["seed"], r["config_hash"], r["launcher"],
+                        [r["metrics"][k] for k in ("test_accuracy", "test_loss", "val_accuracy", "bytes_sent")])
+                       for r in recs])
+    assert results[2] == results[1]
+    assert len(results[1][1]) == 4
+
+
 @pytest.mark.parametrize("change, needle", [
     ({"factors": {"grid": {"train.lr_typo": [0.1, 0.2]}}}, "train.lr_typo"),
     ({"factors": {"grid": {"train.lr": [0.1], "shard.schemes": ["disjoint"]}}}, "shard.schemes"),
@@ -288,6 +323,10 @@ def test_dry_run_counts_runs_and_distinct_layouts(tmp_path, capsys):
     ({"metrics": ["accuracy_typo"]}, "accuracy_typo"),
     ({"target_accuracy": None, "metrics": ["time_to_target_s"]}, "needs target_accuracy"),
     ({"tracking": {"enabled": True, "uri": "nosuchscheme://x"}}, "tracking.uri='nosuchscheme://x'"),
+    ({"parallel_runs": 2}, "parallel_runs=2 needs launcher inprocess; cell 'lr=0.003' trains with launcher 'local'"),
+    ({"parallel_runs": 2, "output": "s3://b/tiny", "fixed": {"workers": 1, "ingest.source": "sklearn_digits",
+      **{f"train.{k}": v for k, v in TINY_TRAIN.items()}, "train.launcher": "inprocess"}},
+     "parallel_runs=2 needs a local output, not s3://b/tiny"),
 ])
 def test_bad_study_gives_one_line_exit_2_and_starts_nothing(tmp_path, capsys, change, needle):
     doc = tiny_study(tmp_path)

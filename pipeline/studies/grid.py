@@ -218,5 +218,8 @@ def plan_study(spec: StudyConfig) -> StudyPlan:
     plan = StudyPlan(spec, cells, find_baselines(spec, cells), spec.seed_list(), base)
     for cell, seed in plan.runs:
         cfg = resolve_run(spec, base, cell, seed)
-        plan.configs[(cell.key, seed)] = in_one_process(cfg) if tiny else cfg
+        plan.configs[(cell.key, seed)] = cfg = in_one_process(cfg) if tiny else cfg
+        if spec.parallel_runs > 1 and cfg.train.launcher != "inprocess":
+            raise ConfigError(f"study {spec.name}: parallel_runs={spec.parallel_runs} needs launcher inprocess; "
+                              f"cell {cell.name!r} trains with launcher {cfg.train.launcher!r}")
     return plan

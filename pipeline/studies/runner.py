@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import PipelineError
+from ..errors import ConfigError, PipelineError
 from ..fs import Location, delete_tree, exists, location, write_bytes
 from ..outputs import read_json, write_json
 from .grid import Cell, StudyPlan, digest, plan_study
@@ -164,9 +164,18 @@ def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, spar
     """Prepare the data of one run (cached) and train it; returns the training summary. With a store
     target the training writes its output there itself (wherever its ranks run) and the driver reads
     back the result files."""
-    from ..train.checkpoint import clear as clear_checkpoints
-    from ..train.launch import checkpoint_dir, train
+    from ..train.launch import train
 
+    train_cfg = prepare_run(plan, cell, seed, out, data_root, spark, remote)
+    summary = train(train_cfg, spark)
+    finish_run(plan, cell, seed, out, train_cfg, remote)
+    return summary
+
+
+def prepare_run(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, spark,
+                remote: RemoteOutput | None = None):
+    """The data of one run (made once, cached), a fresh run folder with its ``run.json``; returns the
+    run's training config."""
     spec = plan.spec
     run_cfg = plan.config(cell, seed)
     rdir = run_dir(out, cell, seed)
@@ -180,11 +189,19 @@ def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, spar
         delete_tree(remote.at(key))
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
                                    "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
-    summary = train(train_cfg, spark)
-    clear_checkpoints(checkpoint_dir(train_cfg))  # a finished run needs no checkpoints
+    return train_cfg
+
+
+def finish_run(plan: StudyPlan, cell: Cell, seed: int, out: Path, train_cfg,
+               remote: RemoteOutput | None = None) -> None:
+    """After a run trained: its checkpoints deleted (a finished run needs none), its result files read
+    back from the store."""
+    from ..train.checkpoint import clear as clear_checkpoints
+    from ..train.launch import checkpoint_dir
+
+    clear_checkpoints(checkpoint_dir(train_cfg))
     if remote:
-        remote.fetch([f"{key}/{f}" for f in RESULT_FILES], rdir.parents[2])
-    return summary
+        remote.fetch([f"{run_key(cell, seed)}/{f}" for f in RESULT_FILES], run_dir(out, cell, seed).parents[2])
 
 
 def result_row(plan: StudyPlan, cell: Cell, seed: int, out: Path, remote: RemoteOutput | None = None) -> dict:
@@ -259,51 +276,104 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
     """Every run in order: skip the finished and the recorded ones, train the others; a failed run
     is recorded and the study goes on (its error is in ``<run>/error.txt``). With an object-store
     output, finished runs are read back from the store and each new one is published when it ends.
-    With ``records``, each trained run's record is written as soon as it finishes (:mod:`.records`)."""
+    With ``records``, each trained run's record is written as soon as it finishes (:mod:`.records`).
+    With ``parallel_runs`` > 1 the runs to train go to that many processes (:mod:`.parallel`); each
+    is recorded when it ends, in the study's order."""
     from .records import load_avg, recorded, records_root
 
     done: dict = {"trained": [], "skipped": [], "failed": [], "rows": [], "records": {}}
+    rows: dict[int, dict] = {}
     root = records_root(plan.spec.records)
-    for i, (cell, seed) in enumerate(plan.runs, 1):
-        tag = f"[study {plan.spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
+    pool = None
+    if plan.spec.parallel_runs > 1:
+        from .parallel import RunPool
+
+        pool = RunPool(plan.spec.parallel_runs)
+    inflight: list = []
+
+    def settle(i, cell, seed, tag, cfg, t1, load0, outcome: Callable[[], tuple[dict, float]]) -> None:
+        """Book one trained run: ``outcome()`` returns its summary and seconds, or raises its error."""
         rdir = run_dir(out, cell, seed)
-        cfg = plan.config(cell, seed)
-        if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
-            done["skipped"].append((cell.name, seed))
-            log.info("%s: finished earlier, skipped", tag)
-            if root is not None and recorded(root, cell, seed, _run_fingerprint(cfg)) is None:
-                _record(plan, cell, seed, out, root, cfg, None, None)  # finished before records were kept
-        elif (rec := recorded(root, cell, seed, _run_fingerprint(cfg))) is not None:
-            done["skipped"].append((cell.name, seed))
-            done["records"][(cell.name, seed)] = rec
-            done["rows"].append(record_row(plan, cell, seed, rec))
-            log.info("%s: recorded in %s, skipped", tag, root)
-            continue
-        else:
-            t1, load0 = time.time(), load_avg()
-            tracker.discard(out, cell, seed)
-            try:
-                s = train_one(plan, cell, seed, out, data_root, spark, remote)
-            except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
-                msg = " ".join(str(e).split())[:500] or type(e).__name__
-                done["failed"].append((cell.name, seed, e, msg))
-                rdir.mkdir(parents=True, exist_ok=True)
-                (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
-                log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
-                if remote:
-                    remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
-                continue
-            done["trained"].append((cell.name, seed))
-            wall = time.time() - t1
-            log.info("%s: test accuracy %.4f, %.0f s, load average %s -> %s", tag, s["test_accuracy"], wall,
-                     load0, load_avg())
-            if root is not None:
-                _record(plan, cell, seed, out, root, cfg, wall, load0)
-        done["rows"].append(result_row(plan, cell, seed, out, remote))
-        tracker.child(plan, cell, seed, out, done["rows"][-1])
-        if remote and (cell.name, seed) in done["trained"]:  # run.json last: the run counts as finished
+        try:
+            s, wall = outcome()
+        except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
+            msg = " ".join(str(e).split())[:500] or type(e).__name__
+            done["failed"].append((cell.name, seed, e, msg))
+            rdir.mkdir(parents=True, exist_ok=True)
+            (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
+            log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
+            if remote:
+                remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
+            return
+        done["trained"].append((cell.name, seed))
+        log.info("%s: test accuracy %.4f, %.0f s, load average %s -> %s", tag, s["test_accuracy"], wall,
+                 load0, load_avg())
+        if root is not None:
+            _record(plan, cell, seed, out, root, cfg, wall, load0)
+        rows[i] = result_row(plan, cell, seed, out, remote)
+        tracker.child(plan, cell, seed, out, rows[i])
+        if remote:  # run.json last: the run counts as finished
             remote.put_files(out, [f for f in (rdir / "mlflow_run.json", rdir / "run.json") if f.is_file()])
+
+    def train_here(cell, seed, t1) -> tuple[dict, float]:
+        s = train_one(plan, cell, seed, out, data_root, spark, remote)
+        return s, time.time() - t1
+
+    def collect(entry) -> None:
+        i, cell, seed, tag, cfg, t1, load0, prepared, fut, train_cfg = entry
+
+        def outcome() -> tuple[dict, float]:
+            s, seconds, pid = fut.result()
+            log.info("%s: trained in process %d", tag, pid)
+            finish_run(plan, cell, seed, out, train_cfg, remote)
+            return s, prepared + seconds
+        settle(i, cell, seed, tag, cfg, t1, load0, outcome)
+
+    try:
+        for i, (cell, seed) in enumerate(plan.runs, 1):
+            tag = f"[study {plan.spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
+            rdir = run_dir(out, cell, seed)
+            cfg = plan.config(cell, seed)
+            if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
+                done["skipped"].append((cell.name, seed))
+                log.info("%s: finished earlier, skipped", tag)
+                if root is not None and recorded(root, cell, seed, _run_fingerprint(cfg)) is None:
+                    _record(plan, cell, seed, out, root, cfg, None, None)  # finished before records were kept
+                rows[i] = result_row(plan, cell, seed, out, remote)
+                tracker.child(plan, cell, seed, out, rows[i])
+            elif (rec := recorded(root, cell, seed, _run_fingerprint(cfg))) is not None:
+                done["skipped"].append((cell.name, seed))
+                done["records"][(cell.name, seed)] = rec
+                rows[i] = record_row(plan, cell, seed, rec)
+                log.info("%s: recorded in %s, skipped", tag, root)
+            elif pool is None:
+                t1, load0 = time.time(), load_avg()
+                tracker.discard(out, cell, seed)
+                settle(i, cell, seed, tag, cfg, t1, load0, lambda: train_here(cell, seed, t1))
+            else:
+                t1, load0 = time.time(), load_avg()
+                tracker.discard(out, cell, seed)
+                try:
+                    train_cfg = prepare_run(plan, cell, seed, out, data_root, spark, remote)
+                except Exception as e:  # noqa: BLE001 - booked as this run's failure
+                    settle(i, cell, seed, tag, cfg, t1, load0, lambda e=e: _reraise(e))
+                    continue
+                prepared = time.time() - t1   # the run's seconds: preparing it here plus training it there
+                inflight.append((i, cell, seed, tag, cfg, t1, load0, prepared, pool.submit(train_cfg), train_cfg))
+                log.info("%s: training (%d at once)", tag, len(inflight))
+                if len(inflight) >= pool.n:
+                    collect(inflight.pop(0))
+        while inflight:
+            collect(inflight.pop(0))
+    finally:
+        if pool is not None:
+            pool.close()
+    done["rows"] = [rows[i] for i in sorted(rows)]
     return done
+
+
+def _reraise(e: BaseException):
+    raise e
 
 
 def _record(plan: StudyPlan, cell: Cell, seed: int, out: Path, root: Path, cfg, wall: float, load0) -> None:
@@ -340,6 +410,9 @@ def run_study(spec: StudyConfig, spark=None) -> dict:
 
     t0 = time.time()
     plan = plan_study(spec)
+    if spec.parallel_runs > 1 and not target_of(spec.output, f"runs/studies/{spec.name}").is_local:
+        raise ConfigError(f"study {spec.name}: parallel_runs={spec.parallel_runs} needs a local output, "
+                          f"not {spec.output}")
     ws = open_workspace(spec.output, spec.work_dir, spec.data_dir, f"runs/studies/{spec.name}", spec.tracking,
                         "study.json")
     target, out, remote, data_root = ws.target, ws.out, ws.remote, ws.data_root

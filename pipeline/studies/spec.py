@@ -101,6 +101,9 @@ class StudyConfig(StageConfig):
                                                      "path is the repository's, e.g. results/<name>): each finished "
                                                      "run's config hash, seed, metrics, wall time and load average; "
                                                      "a rerun skips the recorded runs (pipeline/studies/records.py)")
+    parallel_runs: int = Field(1, ge=1, le=16, description="runs trained at the same time, each in a process of its "
+                               "own (launcher inprocess only, local output; 2 on a 2-core machine: "
+                               "pipeline/studies/parallel.py)")
     tiny: bool = Field(False, description="run the study at a tiny size: one seed, two values per factor, a "
                                           "few steps on little data (pipeline/studies/tiny.py)")
 

@@ -44,4 +44,4 @@ def shrink(spec):
     factors = f.model_copy(update={"grid": grid, "variants": f.variants[:1] if first_two else f.variants[:2]})
     fixed = {**spec.fixed, **TRAIN, **(IMAGES if spec.workflow == "images" else HEP)}
     return spec.model_copy(update={"factors": factors, "fixed": fixed, "seeds": spec.seed_list()[:1], "tiny": False,
-                                 "records": None})
+                                 "records": None, "parallel_runs": 1})   # two runs of seconds: no pool to start
