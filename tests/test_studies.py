@@ -228,12 +228,21 @@ def test_run_records_carry_a_study_to_another_sitting_and_generate_its_table(fin
 
     spec = load_config(StudyConfig, cfg_path).model_copy(
         update={"output": str(tmp_path / "elsewhere"), "records": str(records), "tracking": TrackingConfig(enabled=False)})
-    changed = records / recs[0]["cell_key"] / f"seed_{recs[0]['seed']}.json"
-    doc = json.loads(changed.read_text())
-    doc["config_hash"] = "0" * 16    # recorded with another config: trained again
-    changed.write_text(json.dumps(doc))
+
+    def rewrite(rec: dict, edit) -> Path:
+        path = records / rec["cell_key"] / f"seed_{rec['seed']}.json"
+        doc = json.loads(path.read_text())
+        edit(doc["config"]["train"])
+        doc["config_hash"] = "0" * 16
+        path.write_text(json.dumps(doc))
+        return path
+
+    assert all(r["format"] == 2 and r["config"]["train"]["lr"] in (0.003, 0.03) for r in recs)
+    changed = rewrite(recs[0], lambda t: t.update(lr=t["lr"] * 2))    # another value: trained again
+    rewrite(recs[1], lambda t: t.pop("lr"))        # written without a key this run sets: trained again
+    rewrite(recs[2], lambda t: t.pop("simulated_clock"))   # without a key this run leaves at its default: kept
     summary = run_study(spec)
-    assert summary["trained"] == [(recs[0]["cell"], recs[0]["seed"])] and len(summary["skipped"]) == 3
+    assert summary["trained"] == [(r["cell"], r["seed"]) for r in recs[:2]] and len(summary["skipped"]) == 2
     assert json.loads(changed.read_text())["config_hash"] == recs[0]["config_hash"]
     other = next(r for r in recs if r["cell_key"] != recs[0]["cell_key"])
     assert not (tmp_path / "elsewhere" / "runs" / other["cell_key"]).exists()   # never trained here

@@ -4,8 +4,9 @@ several machines, and its tables are generated from what was run (:mod:`.tables`
 
 Layout: ``<records>/<cell key>/seed_<s>.json``, each holding
 
-* ``config_hash``: the hash of the run's resolved config (the same fingerprint that decides whether
-  a run directory is finished; the launcher is part of it);
+* ``config``: the run's resolved config (:func:`run_fingerprint`: all but its output root and Spark
+  session; the same fingerprint decides whether a run directory is finished; the launcher is part of
+  it), and ``config_hash``, its hash;
 * the study, cell, factors and seed;
 * ``metrics``: the run's row of ``results.parquet`` (:func:`.results.run_metrics`);
 * ``curve``: the validation and test evaluations (step, epoch, wall time, accuracy, loss);
@@ -13,8 +14,12 @@ Layout: ``<records>/<cell key>/seed_<s>.json``, each holding
   average before and after the run), the host's CPU count and the torch version, and ``finished``
   (UTC, ISO 8601).
 
-A rerun of the study skips every run whose record holds the same config hash, and trains the
-others; a run whose config changed is trained again and its record replaced. A record is written
+A rerun of the study skips every run whose record holds the same config (:func:`same_config`), and
+trains the others; a run whose config changed is trained again and its record replaced. A config
+key that code added after the record was written counts as unchanged while the run leaves it at its
+default (a new option, off unless set); set to anything else, or a recorded key that is gone or
+holds another value, and the run is trained again. Records of format 1 hold only the hash: they
+match only the very same config. A record is written
 atomically (a temporary file in the same folder, then a rename), after the run's output is
 committed, so a study stopped at any point leaves only whole records.
 """
@@ -29,7 +34,11 @@ from typing import Any, Optional
 from ..errors import BadInputError
 from .grid import REPO, Cell, digest
 
-FORMAT = 1
+#: 2: the record holds the run's config; 1: only its hash (still read)
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
+#: the run config's keys that are not part of its fingerprint: where it writes, its Spark session
+NOT_FINGERPRINTED = {"output_root", "spark"}
 CURVE_KEYS = ("split", "step", "epoch", "wall_s", "accuracy", "loss")
 
 
@@ -41,8 +50,40 @@ def records_root(records: Optional[str]) -> Optional[Path]:
     return p if p.is_absolute() else REPO / p
 
 
+def run_fingerprint(run_cfg) -> dict:
+    """A run's resolved config as recorded and compared."""
+    return run_cfg.model_dump(mode="json", exclude=NOT_FINGERPRINTED)
+
+
 def config_hash(fingerprint: dict) -> str:
     return digest(fingerprint, 16)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def same_config(rec: dict, run_cfg) -> bool:
+    """Whether the record was written for this run's config: the same hash, or (a record that holds
+    its config) the same value for every key both have, and every key only this config has at its
+    default (the module docstring)."""
+    fp = run_fingerprint(run_cfg)
+    if rec.get("config_hash") == config_hash(fp):
+        return True
+    if not isinstance(rec.get("config"), dict):
+        return False
+    was, now = _flat(rec["config"]), _flat(fp)
+    set_here = _flat(run_cfg.model_dump(mode="json", exclude=NOT_FINGERPRINTED, exclude_defaults=True))
+    for k in was.keys() | now.keys():
+        if k not in now or (k in was and was[k] != now[k]) or (k not in was and k in set_here):
+            return False
+    return True
 
 
 def record_path(root: Path, cell: Cell, seed: int) -> Path:
@@ -61,12 +102,13 @@ def read_record(path: Path) -> dict:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise BadInputError(f"run record {path}: not readable JSON ({e})") from None
-    if not isinstance(rec, dict) or rec.get("format") != FORMAT or "metrics" not in rec:
-        raise BadInputError(f"run record {path}: not a run record of format {FORMAT}")
+    if not isinstance(rec, dict) or rec.get("format") not in READABLE_FORMATS or "metrics" not in rec:
+        raise BadInputError(f"run record {path}: not a run record of format "
+                            f"{' or '.join(map(str, READABLE_FORMATS))}")
     return rec
 
 
-def recorded(root: Optional[Path], cell: Cell, seed: int, fingerprint: dict) -> Optional[dict]:
+def recorded(root: Optional[Path], cell: Cell, seed: int, run_cfg) -> Optional[dict]:
     """The record of this run with the same config, or None (no record, or another config's)."""
     if root is None:
         return None
@@ -74,21 +116,23 @@ def recorded(root: Optional[Path], cell: Cell, seed: int, fingerprint: dict) -> 
     if not path.is_file():
         return None
     rec = read_record(path)
-    return rec if rec.get("config_hash") == config_hash(fingerprint) else None
+    return rec if same_config(rec, run_cfg) else None
 
 
 def compact_curve(curve: list[dict]) -> list[dict]:
     return [{k: r[k] for k in CURVE_KEYS if k in r} for r in curve if r.get("split") in ("val", "test")]
 
 
-def write_record(root: Path, study: str, cell: Cell, seed: int, fingerprint: dict, metrics: dict,
+def write_record(root: Path, study: str, cell: Cell, seed: int, run_cfg, metrics: dict,
                  curve: list[dict], wall_s: Optional[float], load_before: Optional[float],
                  launcher: str) -> Path:
     import torch
 
+    fingerprint = run_fingerprint(run_cfg)
     rec: dict[str, Any] = {
         "format": FORMAT, "study": study, "cell": cell.name, "cell_key": cell.key, "factors": cell.factors,
-        "seed": seed, "config_hash": config_hash(fingerprint), "launcher": launcher,
+        "seed": seed, "config_hash": config_hash(fingerprint), "config": fingerprint,
+        "launcher": launcher,
         "metrics": {k: v for k, v in metrics.items()},
         "curve": compact_curve(curve),
         "wall_s": None if wall_s is None else round(float(wall_s), 1),

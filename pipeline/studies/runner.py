@@ -48,6 +48,7 @@ from ..fs import Location, delete_tree, exists, location, write_bytes
 from ..outputs import read_json, write_json
 from .grid import Cell, StudyPlan, digest, plan_study
 from .publish import RemoteOutput
+from .records import run_fingerprint
 from .spec import METRICS, StudyConfig
 from .workspace import StorePath, data_root_of, is_complete, open_workspace, parent_run, target_of, work_folder
 
@@ -124,10 +125,6 @@ def prepare_data(run_cfg, workflow: str, data_root: Path, spark) -> dict:
     return p
 
 
-def _run_fingerprint(run_cfg) -> dict:
-    return run_cfg.model_dump(mode="json", exclude={"output_root", "spark"})
-
-
 def run_key(cell: Cell, seed: int) -> str:
     return f"runs/{cell.key}/seed_{seed}"
 
@@ -145,7 +142,7 @@ def fetch_finished(remote: RemoteOutput, cell: Cell, seed: int, rdir: Path, run_
     holding the same config): its result files (and its MLflow marker) are copied into ``rdir``."""
     key = run_key(cell, seed)
     if not remote.committed(f"{key}/train") or not exists(remote.at(f"{key}/run.json")) or \
-            read_json(str(remote.at(f"{key}/run.json"))).get("config") != _run_fingerprint(run_cfg):
+            read_json(str(remote.at(f"{key}/run.json"))).get("config") != run_fingerprint(run_cfg):
         return False
     shutil.rmtree(rdir, ignore_errors=True)
     remote.fetch([f"{key}/{f}" for f in ("run.json", *RESULT_FILES)], rdir.parents[2])
@@ -156,7 +153,7 @@ def fetch_finished(remote: RemoteOutput, cell: Cell, seed: int, rdir: Path, run_
 def is_finished(rdir: Path, run_cfg) -> bool:
     f = rdir / "run.json"
     return ((rdir / "train" / "summary.json").is_file() and f.is_file()
-            and read_json(f).get("config") == _run_fingerprint(run_cfg))
+            and read_json(f).get("config") == run_fingerprint(run_cfg))
 
 
 def train_one(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, spark,
@@ -188,7 +185,7 @@ def prepare_run(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, sp
     if remote:
         delete_tree(remote.at(key))
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
-                                   "config": _run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
+                                   "config": run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
     return train_cfg
 
 
@@ -337,11 +334,11 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
             if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
                 done["skipped"].append((cell.name, seed))
                 log.info("%s: finished earlier, skipped", tag)
-                if root is not None and recorded(root, cell, seed, _run_fingerprint(cfg)) is None:
+                if root is not None and recorded(root, cell, seed, cfg) is None:
                     _record(plan, cell, seed, out, root, cfg, None, None)  # finished before records were kept
                 rows[i] = result_row(plan, cell, seed, out, remote)
                 tracker.child(plan, cell, seed, out, rows[i])
-            elif (rec := recorded(root, cell, seed, _run_fingerprint(cfg))) is not None:
+            elif (rec := recorded(root, cell, seed, cfg)) is not None:
                 done["skipped"].append((cell.name, seed))
                 done["records"][(cell.name, seed)] = rec
                 rows[i] = record_row(plan, cell, seed, rec)
@@ -381,7 +378,7 @@ def _record(plan: StudyPlan, cell: Cell, seed: int, out: Path, root: Path, cfg, 
     from .results import load_curve, run_metrics
 
     train_dir = run_dir(out, cell, seed) / "train"
-    path = write_record(root, plan.spec.name, cell, seed, _run_fingerprint(cfg),
+    path = write_record(root, plan.spec.name, cell, seed, cfg,
                         run_metrics(train_dir, plan.spec.target_accuracy), load_curve(train_dir), wall, load0,
                         cfg.train.launcher)
     log.info("[study %s] recorded %s", plan.spec.name, path)
