@@ -91,7 +91,7 @@ DRY_RUN = {
     "--set train.epochs=10": "60,000 generated events",
     re.compile(r"^\.venv/bin/python -m jobs\.run_hep .*events_per_class=20000"): "60,000 generated events",
     "make run-images": "the image slice end to end: about 2 minutes",
-    re.compile(r"^make (test|test-fast)$"): "the test suite itself (minutes to tens of minutes)",
+    re.compile(r"^make (test|test-fast)( TEST_WORKERS=\d+)?$"): "the test suite itself (minutes to tens of minutes)",
     "make bench": "every benchmark (about an hour)",
     "make gpu-check": "needs a CUDA device (exits 1 without one)",
     "make test-current": "builds the current environment (.venv-current) and runs its tests: tens of minutes",
