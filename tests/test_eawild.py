@@ -196,8 +196,9 @@ def test_eawild_groups_reach_a_common_point_with_the_centre(lock):
     steps = [out[r][0]["steps"] for r in range(world)]
     pushes = [out[r][0]["pushes"] for r in range(world)]
     assert steps[0] == steps[1] and steps[2] == steps[3], steps  # synchronous within a group
-    if not lock:  # the group with the slow member is slower, the other does not wait (with the lock it may)
-        assert steps[2] < steps[0], steps
+    # which group takes more steps depends on the host's load here (two test files at once): the slow
+    # group's fewer steps, to the step, are checked under the simulated clock (tests/test_inprocess_async.py,
+    # test_eawild_groups_with_a_slow_member_take_fewer_steps_and_the_other_group_does_not_wait)
     assert pushes[1] == pushes[3] == 0 and pushes[0] == steps[0] and pushes[2] == steps[2], (pushes, steps)
     assert sorted(set(r0["order"])) == [0, 2] and [r0["order"].count(r) for r in (0, 2)] == [pushes[0], pushes[2]]
     spread0 = float(np.abs(r0["x0"] - r0["x0"].mean(0)).max())
