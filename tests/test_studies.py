@@ -434,7 +434,7 @@ def test_speedup_groups_and_plot_when_workers_vary(tmp_path):
     from pipeline.config import build_config
     from pipeline.report.study import plot_speedup
     from pipeline.studies.grid import plan_study
-    from pipeline.studies.runner import speedup_groups
+    from pipeline.studies.study_report import speedup_groups
     from pipeline.studies.spec import StudyConfig
 
     doc = tiny_study(tmp_path, factors={"grid": {"workers": [1, 2, 4]},
