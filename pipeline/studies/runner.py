@@ -266,19 +266,24 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
         pool = RunPool(plan.spec.parallel_runs)
     inflight: list = []
 
+    def fail(cell, seed, tag, e: Exception) -> None:
+        """Book a failed run: its error in ``<run>/error.txt`` (and on the store)."""
+        rdir = run_dir(out, cell, seed)
+        msg = " ".join(str(e).split())[:500] or type(e).__name__
+        done["failed"].append((cell.name, seed, e, msg))
+        rdir.mkdir(parents=True, exist_ok=True)
+        (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
+        log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
+        if remote:
+            remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
+
     def settle(i, cell, seed, tag, cfg, t1, load0, outcome: Callable[[], tuple[dict, float]]) -> None:
         """Book one trained run: ``outcome()`` returns its summary and seconds, or raises its error."""
         rdir = run_dir(out, cell, seed)
         try:
             s, wall = outcome()
         except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
-            msg = " ".join(str(e).split())[:500] or type(e).__name__
-            done["failed"].append((cell.name, seed, e, msg))
-            rdir.mkdir(parents=True, exist_ok=True)
-            (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
-            log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
-            if remote:
-                remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
+            fail(cell, seed, tag, e)
             return
         done["trained"].append((cell.name, seed))
         log.info("%s: test accuracy %.4f, %.0f s, load average %s -> %s", tag, s["test_accuracy"], wall,
@@ -331,7 +336,7 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
                 try:
                     train_cfg = prepare_run(plan, cell, seed, out, data_root, spark, remote)
                 except Exception as e:  # noqa: BLE001 - booked as this run's failure
-                    settle(i, cell, seed, tag, cfg, t1, load0, lambda e=e: _reraise(e))
+                    fail(cell, seed, tag, e)
                     continue
                 prepared = time.time() - t1   # the run's seconds: preparing it here plus training it there
                 inflight.append((i, cell, seed, tag, cfg, t1, load0, prepared, pool.submit(train_cfg), train_cfg))
@@ -345,10 +350,6 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
             pool.close()
     done["rows"] = [rows[i] for i in sorted(rows)]
     return done
-
-
-def _reraise(e: BaseException):
-    raise e
 
 
 def _record(plan: StudyPlan, cell: Cell, seed: int, out: Path, root: Path, cfg, wall: float, load0) -> None:
