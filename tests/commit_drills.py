@@ -6,16 +6,12 @@ complete, and a rerun must succeed.
 A generation is ``{name: bytes}``: names ending in ``.parquet`` or ``.root`` are written by task
 attempts (one attempt per file, as Spark tasks write them), the others by the driver, as the stages do.
 
-Run as a script: ``python tests/commit_drills.py`` with a JSON object on standard input: ``out``
-and ``files`` (name -> base64); exit 57 when stopped (``PIPELINE_TEST_COMMIT_KILL``).
+Each commit runs in a process forked from a forkserver that imported the commit code once
+(:func:`run_commit`); it exits 57 when stopped (``PIPELINE_TEST_COMMIT_KILL``).
 """
 from __future__ import annotations
 
-import base64
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -42,22 +38,65 @@ def commit_generation(out: str, files: dict[str, bytes]) -> None:
                 job.write_bytes(name, data)
 
 
+_FORKSERVER = None
+
+
+def _context():
+    """The forkserver that starts the commit processes: a process that imported the commit code
+    once; each commit is a fork of it (no interpreter start, no imports: a few ms instead of about a
+    second), with no JVM, S3 client or thread of the test process in it."""
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        import multiprocessing
+
+        from pipeline.train.local_launchers import PRELOAD
+
+        # one fork server per process, shared with the local launcher: its preload too, whichever starts it
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([*PRELOAD, "pyarrow.fs", "pyspark.sql", "pipeline.commit", "commit_drills"])
+        _FORKSERVER = ctx
+    return _FORKSERVER
+
+
+def _commit_process(environ: dict, out: str, files: dict[str, bytes], err_path: str) -> None:
+    """In the commit process: the test's environment (what a new process would inherit), then the
+    commit; an error's traceback goes to ``err_path``."""
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        commit_generation(out, files)
+    except BaseException:
+        import traceback
+
+        Path(err_path).write_text(traceback.format_exc())
+        os._exit(1)
+
+
 def run_commit(out: str, files: dict[str, bytes], kill: int, env: dict, no_exchange: bool = False) -> int:
     """Commit ``files`` into ``out`` in a process of its own, stopped after step ``kill`` (0: never);
     its exit status (``KILLED`` when stopped)."""
-    penv = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    import tempfile
+
+    penv = {**os.environ, **env}
     penv.pop("PIPELINE_TEST_COMMIT_KILL", None)
     penv.pop("PIPELINE_TEST_NO_EXCHANGE", None)
     if kill:
         penv["PIPELINE_TEST_COMMIT_KILL"] = str(kill)
     if no_exchange:
         penv["PIPELINE_TEST_NO_EXCHANGE"] = "1"
-    payload = json.dumps({"out": out, "files": {k: base64.b64encode(v).decode() for k, v in files.items()}})
-    r = subprocess.run([sys.executable, __file__], input=payload, env=penv, capture_output=True, text=True,
-                       timeout=120)
-    if r.returncode not in (0, KILLED):
-        raise RuntimeError(f"commit process failed (exit {r.returncode}): {r.stderr[-3000:]}")
-    return r.returncode
+    with tempfile.TemporaryDirectory() as tmp:
+        err = os.path.join(tmp, "error.txt")
+        proc = _context().Process(target=_commit_process, args=(penv, out, files, err))
+        proc.start()
+        proc.join(120)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise RuntimeError("commit process did not finish within 120 s")
+        if proc.exitcode not in (0, KILLED):
+            text = Path(err).read_text() if os.path.exists(err) else ""
+            raise RuntimeError(f"commit process failed (exit {proc.exitcode}): {text[-3000:]}")
+        return proc.exitcode
 
 
 def drill_every_step(out: str, generations: tuple[dict, dict], check: Callable[[str], str], env: dict,
@@ -82,7 +121,3 @@ def drill_every_step(out: str, generations: tuple[dict, dict], check: Callable[[
         current = nxt
     raise AssertionError(f"the commit did not finish within {max_steps} steps")
 
-
-if __name__ == "__main__":
-    req = json.loads(sys.stdin.read())
-    commit_generation(req["out"], {k: base64.b64decode(v) for k, v in req["files"].items()})
