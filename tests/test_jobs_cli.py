@@ -28,27 +28,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 JOBS = sorted(p.stem for p in (REPO / "jobs").glob("*.py") if p.stem != "__init__")
 
-# Runs in a subprocess: the job's config model (captured from its run_job call) as JSON fields.
-_FIELDS = r'''
-import json, sys
-import pipeline.cli as cli
-from pipeline.config import config_fields
-seen = {}
-def fake_run_job(argv, *, config_cls, **kw):
-    seen["cls"] = config_cls
-    seen["kw"] = kw
-    return 0
-cli.run_job = fake_run_job
-import importlib
-mod = importlib.import_module("jobs." + sys.argv[1])
-mod.main([])
-from pipeline.config import REQUIRED
-fields = [[d, "<required>" if v is REQUIRED else cli._fmt_default(v), desc]
-          for d, v, desc in config_fields(seen["cls"])]
-print(json.dumps({"fields": fields, "prog": seen["kw"].get("prog"), "has_plan": seen["kw"].get("plan") is not None}))
-'''
-
-
 def _env(**extra) -> dict:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
@@ -112,11 +91,24 @@ def test_jobs_hold_no_logic(name):
 
 @pytest.fixture(scope="module", params=JOBS)
 def job(request) -> dict:
-    r = _run(["-c", _FIELDS, request.param])
-    assert r.returncode == 0, f"jobs/{request.param}.py: {r.stderr[-2000:]}"
-    info = json.loads(r.stdout.strip().splitlines()[-1])
-    info["name"] = request.param
-    return info
+    """The job's config model as its fields, captured from the job's own ``run_job`` call."""
+    import pipeline.cli as cli
+    from pipeline.config import REQUIRED, config_fields
+
+    mod = importlib.import_module(f"jobs.{request.param}")
+    seen: dict = {}
+
+    def capture(argv, *, config_cls, **kw):
+        seen["cls"], seen["kw"] = config_cls, kw
+        return 0
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mod, "run_job", capture)
+        assert mod.main([]) == 0
+    fields = [[d, "<required>" if v is REQUIRED else cli._fmt_default(v), desc]
+              for d, v, desc in config_fields(seen["cls"])]
+    return json.loads(json.dumps({"fields": fields, "prog": seen["kw"].get("prog"), "name": request.param,
+                                  "has_plan": seen["kw"].get("plan") is not None}))
 
 
 def test_help_lists_every_option_with_its_default(job, capsys):
