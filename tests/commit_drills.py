@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
 KILLED = 57
 
 

@@ -454,16 +454,15 @@ def test_an_unreachable_input_on_the_cluster_is_one_line_and_nothing_is_written(
     from pipeline.train.comm.ports import free_port
     from servers import environment
 
-    case = "unreachable-xrootd"
     dead_server = f"127.0.0.1:{free_port()}"       # nothing listens there
     dead = [f"root://{dead_server}/{xrd.served}/{n}_0000.root" for n in _CLASSES]
-    output, input_url, env, extra, needle = (f"s3://{s3.bucket}/bad-{case}/features", dead, {},
-                                             {"file_timeout_s": 20}, dead_server)
-    r = cluster.submit(str(REPO / "jobs" / "features.py"), *_features_args(input_url, output, **extra),
-                       env=cluster.driver_env(**{**s3.env("writer"), **env}), cwd=tmp_path, timeout=900)
+    output = f"s3://{s3.bucket}/bad-unreachable-xrootd/features"
+    r = cluster.submit(str(REPO / "jobs" / "features.py"), *_features_args(dead, output, file_timeout_s=20),
+                       env=cluster.driver_env(**s3.env("writer")), cwd=tmp_path, timeout=900)
     err = _error_lines(r)
     assert r.returncode != 0 and len(err) == 1, _why(r, cluster)
-    assert needle in err[0] and "Traceback" not in err[0], err[0]
+    assert dead_server in err[0] and "Traceback" not in err[0], err[0]
     with environment(**s3.env("writer")):
-        assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith((f"bad-{case}", f".bad-{case}"))] == []
+        assert [k for k in _keys(f"s3://{s3.bucket}") if k.startswith(("bad-unreachable-xrootd",
+                                                                       ".bad-unreachable-xrootd"))] == []
     assert [p.name for p in tmp_path.iterdir()] == []
