@@ -41,6 +41,27 @@ def _ranks(world: int, body) -> list:
     return out
 
 
+@pytest.mark.parametrize("world", [3, 16])
+def test_the_ranks_share_the_per_class_auc_and_every_rank_gets_sklearns_values(world):
+    """Each rank computes the AUC of every world-th class only (metrics.summarize); all ranks end with
+    every class's AUC as sklearn computes it on the whole split, in class order (16 ranks, 4 classes:
+    ranks without a class of their own)."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    from pipeline.train.metrics import summarize
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 500)
+    probs = rng.dirichlet(np.ones(4), 500).astype(np.float32)
+    probs[np.arange(500), labels] += 0.3 * rng.random(500).astype(np.float32)
+    want = {str(c): float(roc_auc_score(labels == c, probs[:, c])) for c in range(4)}
+    for res in _ranks(world, lambda c: summarize(probs, labels, 123.0, c)):
+        assert list(res["auc"]) == ["0", "1", "2", "3"] and res["auc"] == want
+        assert res["n"] == 500 and res["loss"] == 123.0 / 500
+    assert summarize(probs, labels, 123.0)["auc"] == want
+
+
 def test_the_collectives_compute_what_their_definitions_say():
     def body(c):
         r = c.rank

@@ -269,9 +269,10 @@ class Worker:
             probs = self.comm.allgather_(torch.from_numpy(probs).to(dev))
             labels = self.comm.allgather_(torch.from_numpy(labels).to(dev))
             losses = self.comm.allgather_(torch.tensor([loss_sum], dtype=torch.float64, device=dev))
-        return {**summarize(np.concatenate([p.cpu().numpy() for p in probs]),
+            res = summarize(np.concatenate([p.cpu().numpy() for p in probs]),
                             np.concatenate([y.cpu().numpy() for y in labels]),
-                            float(sum(float(v) for v in losses))), "consensus_distance": spread}
+                            float(sum(float(v) for v in losses)), self.comm)
+        return {**res, "consensus_distance": spread}
 
     def _score(self, path: str) -> tuple:
         from ..data.shard_reader import read_all
