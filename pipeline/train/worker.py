@@ -21,7 +21,8 @@ Evaluation scores the consensus model: the algorithm's own tensors when it names
 (``Algorithm.evaluation_tensors``, e.g. EASGD's centre), else the world average of the
 parameters when the workers are apart (``consensus.averaged_parameters``), with BatchNorm
 statistics averaged under ``policy.batchnorm=average``. Each rank scores a 1/M slice of the
-split and the predictions are gathered. The consensus distance is logged with it.
+split and the predictions are gathered. The consensus distance is logged with it; the per-class AUC
+of the gathered split is computed once, each rank taking every M-th class (``metrics.summarize``).
 
 Communication used only for bookkeeping (initial broadcast, evaluation, checkpoint
 gathering) is excluded from the communication statistics.
