@@ -59,13 +59,14 @@ def plan_run_images(cfg: ImagesRunConfig) -> dict:
 
 def run_images(cfg: ImagesRunConfig, spark=None) -> dict:
     from .spark import get_spark
-    from .train.launch import train
+    from .train.launch import check_launch_slots, train
 
     t0 = time.time()
     root = local_path(cfg.output_root)
     p = _paths(root)
     spark = spark or get_spark(cfg.spark)
     stages = images_stage_configs(cfg, p)
+    check_launch_slots(stages["train"], spark)
     ing = ingest_images(stages["ingest"], spark)
     shard_cfg = stages["shard"]
     sh = shard(shard_cfg, spark)
@@ -184,13 +185,14 @@ def run_hep(cfg: HepRunConfig, spark=None) -> dict:
     from .ingest.root import ingest_root
     from .simulate import generate
     from .spark import get_spark
-    from .train.launch import train
+    from .train.launch import check_launch_slots, train
 
     t0 = time.time()
     root = location(cfg.output_root, output=True)
     p = _hep_paths(root)
     spark = spark or get_spark(cfg.spark)
     stages = hep_stage_configs(cfg, p)
+    check_launch_slots(stages["train"], spark)
 
     sim = generate(stages["simulate"], spark)
     ingest_root(stages["ingest"], spark)

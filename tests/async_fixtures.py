@@ -6,6 +6,7 @@ parent against values computed there independently.
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -27,7 +28,7 @@ def _init(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _child(fn, rank, world, port, q, args):
+def _report(fn, rank, world, port, q, args) -> None:
     try:
         _init(rank, world, port)
         q.put((rank, fn(rank, world, *args), None))
@@ -35,16 +36,55 @@ def _child(fn, rank, world, port, q, args):
         q.put((rank, None, f"{type(e).__name__}: {e}"))
 
 
-def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None = None) -> dict:
-    """Run fn(rank, world, *args) in ``world`` spawned processes; {rank: (result, error)} of those that reported."""
-    from pipeline.train.comm.ports import free_port
+def _serve(rank, world, inbox, q):
+    """A pooled worker: runs one call after another, each in a process group of its own (a new
+    port), which it destroys before it takes the next call."""
+    import torch.distributed as dist
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world, port, q, args), daemon=True) for r in range(world)]
+    while (job := inbox.get()) is not None:
+        fn, port, args = job
+        try:
+            _report(fn, rank, world, port, q, args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+class _Pool:
+    """``world`` spawned processes that stay up between calls: the interpreter, torch and the test
+    module are imported once per pool instead of once per call (a spawn costs seconds on 2 cores).
+    A call with an error, a hang or a dead process discards the pool; the next call spawns a new one."""
+
+    def __init__(self, world: int):
+        ctx = mp.get_context("spawn")
+        self.world, self.q = world, ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(world)]
+        self.procs = [ctx.Process(target=_serve, args=(r, world, self.inboxes[r], self.q), daemon=True)
+                      for r in range(world)]
+        for p in self.procs:
+            p.start()
+
+    def healthy(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def close(self) -> None:
+        for box in self.inboxes:
+            box.put(None)
+        _stop(self.procs)
+
+
+_POOLS: dict[int, _Pool] = {}
+
+
+def _stop(procs, grace: float = 5) -> None:
     for p in procs:
-        p.start()
+        p.join(grace)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def _collect(q, world: int, expect: int | None, timeout: float) -> dict:
     out, deadline = {}, time.time() + timeout
     try:
         while len(out) < (world if expect is None else expect):
@@ -52,13 +92,53 @@ def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None =
             out[rank] = (res, err)
     except queue_mod.Empty:
         pytest.fail(f"processes hung: only ranks {sorted(out)} reported within {timeout} s")
-    finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
     return out
+
+
+def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None = None) -> dict:
+    """Run fn(rank, world, *args) in ``world`` spawned processes; {rank: (result, error)} of those that reported.
+
+    With ``expect`` (a run in which some rank is killed or never reports) the processes are spawned
+    for this call alone; otherwise the call runs on a pool of processes kept for the next call of
+    the same world size, unless a rank failed."""
+    from pipeline.train.comm.ports import free_port
+
+    port = free_port()
+    if expect is not None:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_report, args=(fn, r, world, port, q, args), daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            return _collect(q, world, expect, timeout)
+        finally:
+            _stop(procs)
+    pool = _POOLS.pop(world, None)
+    if pool is None or not pool.healthy():
+        if pool is not None:
+            pool.close()
+        pool = _Pool(world)
+    ok = False
+    try:
+        for box in pool.inboxes:
+            box.put((fn, port, args))
+        out = _collect(pool.q, world, None, timeout)
+        ok = all(err is None for _, err in out.values()) and pool.healthy()
+        return out
+    finally:
+        if ok:
+            _POOLS[world] = pool
+        else:
+            for p in pool.procs:
+                p.kill()
+            _stop(pool.procs, grace=0)
+
+
+@atexit.register
+def _close_pools() -> None:
+    while _POOLS:
+        _POOLS.popitem()[1].close()
 
 
 def results(out: dict) -> list:

@@ -231,6 +231,25 @@ def test_the_slot_error_from_python_names_the_config_key(spark):
     assert "SparkConfig(master='local[3]')" in str(e.value) and "--master" not in str(e.value)
 
 
+@pytest.mark.parametrize("launcher,fails", [("horovod", True), ("torch", True), ("local", False)])
+def test_a_workflow_checks_the_slots_before_its_first_stage(launcher, fails, spark, tmp_path):
+    """workers=3 on the 2-slot session: a Spark launcher fails before the ingestion writes
+    anything; the local launcher needs no task slots and passes the check."""
+    from pipeline.errors import ConfigError
+    from pipeline.train.launch import check_launch_slots
+    from pipeline.workflows import ImagesRunConfig, images_stage_configs, run_images
+
+    cfg = ImagesRunConfig(workers=3, output_root=str(tmp_path / "run"),
+                          ingest={"source": "sklearn_digits", "limit": 150}, train={"launcher": launcher})
+    if not fails:
+        stages = images_stage_configs(cfg, {k: tmp_path / k for k in ("dataset", "shards", "train")})
+        assert check_launch_slots(stages["train"], spark) is None
+        return
+    with pytest.raises(ConfigError, match="workers=3 needs 3 Spark task slots"):
+        run_images(cfg, spark)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("env,expect", [
     ({"AIRFLOW_CTX_DAG_ID": "images_pipeline"}, "the DAG param spark_master=local[3]"),
     ({"PYSPARK_GATEWAY_PORT": "1"}, "--master local[3]"),

@@ -266,6 +266,20 @@ def _check_slots(spark, world: int) -> None:
     check_task_slots(spark, world)
 
 
+def check_launch_slots(cfg: TrainConfig, spark) -> None:
+    """A workflow's first check, before the stages that precede training: when the configured
+    launcher runs the workers as Spark tasks (Horovod, TorchDistributor outside its local mode),
+    fail with the slot error now instead of after ingestion and sharding. The training stage checks
+    again at its start; a Spark Connect session is left to its refusal of these launchers."""
+    from ..spark import is_connect
+
+    if cfg.workers is None or is_connect(spark) or cfg.launcher not in ("horovod", "torch"):
+        return
+    if cfg.launcher == "torch" and cfg.torch_local_mode:
+        return
+    _check_slots(spark, cfg.workers)
+
+
 def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark=None) -> list[dict]:
     """Start the workers with the configured launcher; rank-ordered results (torch: rank 0 only).
     Rank 0's progress and validation lines are shown by this driver (``progress.relay``)."""
