@@ -337,6 +337,49 @@ def test_a_hung_local_worker_is_ended_by_its_watchdog_and_the_run_relaunched(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_local_workers_end_when_their_launching_process_is_killed(tmp_path, sig):
+    """The job's process killed while its local workers block (rank 1 hangs at step 3, rank 0 waits
+    for it; the watchdog's stall_timeout far away): no worker outlives it by more than a few seconds
+    (the workers are children of the fork server, not of the job, so nothing else would end them)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    man = _shards(tmp_path)
+    cmd = [sys.executable, "-m", "jobs.train", "--manifest", str(man), "--output", str(tmp_path / "out"),
+           "--launcher", "local", "--epochs", "1", "--batch_size", "16", "--progress", "false",
+           "--stall_timeout", "600", "--set", "debug.fail_at_step=3", "--set", "debug.fail_rank=1",
+           "--set", "debug.fail_mode=hang"]
+    job = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        parent, deadline = psutil.Process(job.pid), time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline:   # the fork server's children: the ranks
+            time.sleep(0.5)
+            workers = [c for p in parent.children(recursive=True) if "forkserver" in " ".join(p.cmdline())
+                       for c in p.children()]
+        assert len(workers) == 2, [p.cmdline() for p in parent.children(recursive=True)]
+        time.sleep(3)                                                  # both ranks inside the run
+        assert all(w.is_running() for w in workers)
+        os.kill(job.pid, getattr(signal, sig))
+        job.wait(30)
+        gone, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, [(w.pid, w.status()) for w in alive]
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for w in workers:                                              # no leftovers when it fails
+            if w.is_running():
+                w.kill()
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_airflow_retry_of_the_train_task_resumes_from_the_run_scoped_checkpoints(tmp_path, repo):
     """The DAG's train task command, run twice for the same run key: the first attempt dies, the

@@ -15,7 +15,28 @@ from typing import Any, Optional
 from .comm.ports import free_port
 
 
-def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue, env: dict) -> None:
+def _end_with(launcher: int, poll_s: float = 1.0) -> None:
+    """End this worker (exit code 70) once the launching process is gone: a job killed outright or by
+    SIGTERM runs no cleanup, and a worker is a child of the fork server, not of the job, so nothing
+    else would stop a worker that blocks on a dead peer."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os._exit(70)
+            except PermissionError:   # the pid now belongs to another user's process: ours is gone
+                os._exit(70)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue, env: dict,
+                 launcher: int) -> None:
+    _end_with(launcher)
     os.environ.clear()   # the launching process's environment now, as a spawned child would have it
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
@@ -74,7 +95,8 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
     port = free_port(host)
     argv = (args[0], "torch") + tuple(args[2:])
     env = dict(os.environ)
-    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue, env), daemon=True)
+    me = os.getpid()
+    procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue, env, me), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
