@@ -35,8 +35,9 @@ def _end_with(launcher: int, poll_s: float = 1.0) -> None:
 
 
 def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue, env: dict,
-                 launcher: int) -> None:
-    _end_with(launcher)
+                 launcher: Optional[int] = None) -> None:
+    if launcher is not None:
+        _end_with(launcher)
     os.environ.clear()   # the launching process's environment now, as a spawned child would have it
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
