@@ -6,7 +6,8 @@ ranks and one mailbox per ordered pair. What a collective computes is what the r
 compute, in a fixed order, so every rank ends a collective with the same values:
 
 * ``allreduce_mean_``: the ranks' tensors summed in rank order, then divided by the group's size
-  (torch.distributed's ``all_reduce(SUM)`` followed by ``div_``; for two ranks the same floats);
+  (torch.distributed's ``all_reduce(SUM)`` followed by ``div_``; for two ranks the same floats),
+  computed once per collective and device and copied by every rank;
 * ``broadcast_``, ``allgather_``, ``barrier``: as their definitions say; ``exchange``: the partner's
   tensors, only the two partners calling (``collective_exchange`` False, as torch.distributed);
 * ``stats``: the payload bytes the real backends count for the same call.
@@ -44,6 +45,22 @@ class PeerFailed(RuntimeError):
     """Another rank of the process failed: this rank's collective cannot complete."""
 
 
+class _Collected(list):
+    """One generation of a rendezvous: the payloads in rank order, and what is computed from them
+    once for every member (:meth:`once`: an allreduce's mean, summed once instead of by each rank)."""
+
+    def __init__(self, items) -> None:
+        super().__init__(items)
+        self._lock = threading.Lock()
+        self._done: dict[Any, Any] = {}
+
+    def once(self, key: Any, compute) -> Any:
+        with self._lock:
+            if key not in self._done:
+                self._done[key] = compute()
+            return self._done[key]
+
+
 class _Room:
     """One group's rendezvous: each member puts its payload, all take the list in rank order."""
 
@@ -54,10 +71,10 @@ class _Room:
         self.slots: list[Any] = [None] * len(ranks)
         self.arrived = 0
         self.generation = 0
-        self.out: list[Any] = []
+        self.out: _Collected = _Collected([])
         self.broken = False
 
-    def gather(self, rank: int, payload: Any) -> list[Any]:
+    def gather(self, rank: int, payload: Any) -> _Collected:
         i = self.ranks.index(rank)
         with self.cv:
             if self.broken:
@@ -65,7 +82,7 @@ class _Room:
             self.slots[i] = payload
             self.arrived += 1
             if self.arrived == len(self.ranks):     # the last one in: everyone's payloads, in rank order
-                self.out, self.slots = list(self.slots), [None] * len(self.ranks)
+                self.out, self.slots = _Collected(self.slots), [None] * len(self.ranks)
                 self.arrived = 0
                 self.generation += 1
                 self.cv.notify_all()
@@ -223,14 +240,22 @@ class InProcessCommunicator(Communicator):
             parts = room.gather(self._rank, [t.detach().clone() for t in tensors])
             self._world.delay(nbytes(tensors))
         size = len(room.ranks)
-        for i, t in enumerate(tensors):      # on this rank's device (ranks may sit on different GPUs)
-            acc = parts[0][i].to(t.device, copy=True)
-            for p in parts[1:]:
-                acc += p[i].to(t.device)
-            if acc.is_floating_point() or acc.is_complex():
-                acc.div_(size)
-            else:
-                acc = torch.div(acc, size, rounding_mode="floor")
+
+        def mean() -> list[torch.Tensor]:   # on the tensors' devices (ranks may sit on different GPUs)
+            out = []
+            for i in range(len(tensors)):
+                acc = parts[0][i].to(tensors[i].device, copy=True)
+                for p in parts[1:]:
+                    acc += p[i].to(tensors[i].device)
+                if acc.is_floating_point() or acc.is_complex():
+                    acc.div_(size)
+                else:
+                    acc = torch.div(acc, size, rounding_mode="floor")
+                out.append(acc)
+            return out
+
+        devices = tuple(str(t.device) for t in tensors)
+        for t, acc in zip(tensors, parts.once(("mean", devices), mean)):   # summed once per device
             t.copy_(acc)
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
