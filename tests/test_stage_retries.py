@@ -101,64 +101,87 @@ def _root_arrays(uri: str) -> dict:
     return out
 
 
-def test_ingest_root_retried_attempts(s3, delphes_root, tmp_path):
+def _ingest_runs(s3, delphes_root, tmp) -> dict:
     """Three copies of delphes.root (25 entries each). step_size=10: the second pass writes 3 parts
     per file (the first attempts die mid-write); step_size=100: each file is one chunk, the first
     written by the driver, the others by first-pass tasks (which fail after a complete part)."""
-    src = tmp_path / "in"
+    src = tmp / "in"
     src.mkdir()
     files = []
     for i in range(3):
         shutil.copy(delphes_root, src / f"d{i}.root")
         files.append(str(src / f"d{i}.root"))
     base = dict(input=files, tree="Delphes", filter_name=["Jet.*", "Electron.PT", "MissingET.MET"],
-                schema_dir=str(tmp_path / "schemas"))
+                schema_dir=str(tmp / "schemas"))
     bucket = f"s3://{s3.bucket}/retries"
     runs = {  # name: (output, step_size, fault)
-        "clean10": (str(tmp_path / "clean10"), 10, None), "clean100": (str(tmp_path / "clean100"), 100, None),
-        "mid-exit": (str(tmp_path / "mid-exit"), 10, "mid:exit"),
-        "after-raise": (str(tmp_path / "after-raise"), 100, "after:raise"),
+        "clean10": (str(tmp / "clean10"), 10, None), "clean100": (str(tmp / "clean100"), 100, None),
+        "mid-exit": (str(tmp / "mid-exit"), 10, "mid:exit"),
+        "after-raise": (str(tmp / "after-raise"), 100, "after:raise"),
         "s3-mid-exit": (f"{bucket}/mid-exit", 10, "mid:exit"),
         "s3-after-exit": (f"{bucket}/after-exit", 100, "after:exit"),
     }
-    calls = [{"call": "test_stage_retries:ingest_root_call", "fault": fault,
-              "kwargs": {**base, "output": out, "step_size": step}} for out, step, fault in runs.values()]
-    drills = dict(zip(runs, run_drills(calls, env=s3.env("writer"))))
-    for name, d in drills.items():
-        assert "result" in d, (name, d)
-        assert d["result"]["rows"] == 75, (name, d)
-        assert (d["failed_tasks"] > 0) == (runs[name][2] is not None), (name, d)
-    assert drills["mid-exit"]["failed_tasks"] >= 9             # every second-pass task (3 files x 3 chunks)
-    assert len(drills["clean10"]["result"]["parts"]) == 9
-    with environment(**s3.env("writer")):
-        for name in ("mid-exit", "s3-mid-exit"):
-            _same_output(runs[name][0], runs["clean10"][0], ".parquet")
-        for name in ("after-raise", "s3-after-exit"):
-            _same_output(runs[name][0], runs["clean100"][0], ".parquet")
+    return {name: ("ingest_root_call", {**base, "output": out, "step_size": step}, fault)
+            for name, (out, step, fault) in runs.items()}
 
 
-def test_simulate_and_images_retried_attempts(s3, mnist_csv, tmp_path):
+def _sim_image_runs(s3, tmp) -> dict:
     """The simulation (ROOT files made in scratch space and copied: the first attempts die
     mid-copy) and the image ingestion (one Parquet file per partition: the first attempts fail
-    after a complete file), each compared with a clean run of the same config."""
+    after a complete file), each beside a clean run of the same config."""
     sim = dict(events=20, events_per_file=10, processes=["wjets"], seed=7, progress=False)
     img = dict(source="sklearn_digits", records_per_part=400)
     bucket = f"s3://{s3.bucket}/retries"
-    runs = {
-        "sim-clean": ("simulate_call", {**sim, "output": str(tmp_path / "sim-clean")}, None),
-        "sim-mid-exit": ("simulate_call", {**sim, "output": str(tmp_path / "sim-mid-exit")}, "mid:exit"),
+    return {
+        "sim-clean": ("simulate_call", {**sim, "output": str(tmp / "sim-clean")}, None),
+        "sim-mid-exit": ("simulate_call", {**sim, "output": str(tmp / "sim-mid-exit")}, "mid:exit"),
         "sim-s3": ("simulate_call", {**sim, "output": f"{bucket}/sim"}, "mid:raise"),
-        "img-clean": ("images_call", {**img, "output": str(tmp_path / "img-clean")}, None),
-        "img-after-raise": ("images_call", {**img, "output": str(tmp_path / "img-after-raise")}, "after:raise"),
+        "img-clean": ("images_call", {**img, "output": str(tmp / "img-clean")}, None),
+        "img-after-raise": ("images_call", {**img, "output": str(tmp / "img-after-raise")}, "after:raise"),
         "img-s3": ("images_call", {**img, "output": f"{bucket}/img"}, "after:exit"),
     }
+
+
+@pytest.fixture(scope="module")
+def drills(s3, delphes_root, tmp_path_factory) -> tuple[dict, dict]:
+    """Every run of this file in one drill process (one Spark start): the runs by name, and what
+    each one gave (its result and its failed task attempts)."""
+    runs = {**_ingest_runs(s3, delphes_root, tmp_path_factory.mktemp("ingest")),
+            **_sim_image_runs(s3, tmp_path_factory.mktemp("sim-images"))}
     calls = [{"call": f"test_stage_retries:{fn}", "kwargs": kw, "fault": fault} for fn, kw, fault in runs.values()]
-    drills = dict(zip(runs, run_drills(calls, env=s3.env("writer"))))
-    for name, d in drills.items():
+    return runs, dict(zip(runs, run_drills(calls, env=s3.env("writer"))))
+
+
+def _check_faults(runs: dict, got: dict, names) -> None:
+    for name in names:
+        d = got[name]
         assert "result" in d, (name, d)
         assert (d["failed_tasks"] > 0) == (runs[name][2] is not None), (name, d)
-    assert drills["sim-mid-exit"]["result"]["events"] == {"wjets": 20}
-    assert drills["img-after-raise"]["result"]["rows"] == drills["img-clean"]["result"]["rows"] == 1797
+
+
+def test_ingest_root_retried_attempts(s3, drills):
+    runs, got = drills
+    names = [n for n in runs if runs[n][0] == "ingest_root_call"]
+    assert len(names) == 6
+    _check_faults(runs, got, names)
+    for name in names:
+        assert got[name]["result"]["rows"] == 75, (name, got[name])
+    assert got["mid-exit"]["failed_tasks"] >= 9             # every second-pass task (3 files x 3 chunks)
+    assert len(got["clean10"]["result"]["parts"]) == 9
+    with environment(**s3.env("writer")):
+        for name in ("mid-exit", "s3-mid-exit"):
+            _same_output(runs[name][1]["output"], runs["clean10"][1]["output"], ".parquet")
+        for name in ("after-raise", "s3-after-exit"):
+            _same_output(runs[name][1]["output"], runs["clean100"][1]["output"], ".parquet")
+
+
+def test_simulate_and_images_retried_attempts(s3, drills):
+    runs, got = drills
+    names = [n for n in runs if runs[n][0] in ("simulate_call", "images_call")]
+    assert len(names) == 6
+    _check_faults(runs, got, names)
+    assert got["sim-mid-exit"]["result"]["events"] == {"wjets": 20}
+    assert got["img-after-raise"]["result"]["rows"] == got["img-clean"]["result"]["rows"] == 1797
     with environment(**s3.env("writer")):
         clean = runs["sim-clean"][1]["output"]
         for name in ("sim-mid-exit", "sim-s3"):                  # same seeds: the same events in the same files
