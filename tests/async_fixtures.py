@@ -28,32 +28,46 @@ def _init(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _report(fn, rank, world, port, q, args) -> None:
+def _call(fn, rank, world, port, args) -> tuple:
     try:
         _init(rank, world, port)
-        q.put((rank, fn(rank, world, *args), None))
+        return fn(rank, world, *args), None
     except BaseException as e:  # noqa: BLE001 - reported to the test
-        q.put((rank, None, f"{type(e).__name__}: {e}"))
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _report(fn, rank, world, port, q, args) -> None:
+    q.put((rank, *_call(fn, rank, world, port, args), False))
 
 
 def _serve(rank, world, inbox, q):
     """A pooled worker: runs one call after another, each in a process group of its own (a new
-    port), which it destroys before it takes the next call."""
+    port), which it destroys before it reports. A call that leaves a thread of its own running (a
+    heartbeat nobody stopped: it would talk to a store that is gone) marks the process unfit for
+    the next call, and the pool is discarded."""
+    import threading
+
     import torch.distributed as dist
 
+    before = {t.ident for t in threading.enumerate()}
     while (job := inbox.get()) is not None:
         fn, port, args = job
-        try:
-            _report(fn, rank, world, port, q, args)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        res, err = _call(fn, rank, world, port, args)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        deadline = time.monotonic() + 2
+        new = [t for t in threading.enumerate() if t.ident not in before and t.name != "QueueFeederThread"]
+        for t in new:                       # (the feeder thread is the result queue's own, started by a put)
+            t.join(max(0.0, deadline - time.monotonic()))
+        left = any(t.is_alive() for t in new)
+        q.put((rank, res, err, left))
 
 
 class _Pool:
     """``world`` spawned processes that stay up between calls: the interpreter, torch and the test
     module are imported once per pool instead of once per call (a spawn costs seconds on 2 cores).
-    A call with an error, a hang or a dead process discards the pool; the next call spawns a new one."""
+    A call with an error, a hang, a dead process or a thread left running discards the pool; the next
+    call spawns a new one."""
 
     def __init__(self, world: int):
         ctx = mp.get_context("spawn")
@@ -84,15 +98,16 @@ def _stop(procs, grace: float = 5) -> None:
             p.join(5)
 
 
-def _collect(q, world: int, expect: int | None, timeout: float) -> dict:
-    out, deadline = {}, time.time() + timeout
+def _collect(q, world: int, expect: int | None, timeout: float) -> tuple[dict, bool]:
+    """{rank: (result, error)} of the ranks that reported, and whether any left a thread running."""
+    out, left, deadline = {}, False, time.time() + timeout
     try:
         while len(out) < (world if expect is None else expect):
-            rank, res, err = q.get(timeout=max(0.1, deadline - time.time()))
-            out[rank] = (res, err)
+            rank, res, err, threads = q.get(timeout=max(0.1, deadline - time.time()))
+            out[rank], left = (res, err), left or threads
     except queue_mod.Empty:
         pytest.fail(f"processes hung: only ranks {sorted(out)} reported within {timeout} s")
-    return out
+    return out, left
 
 
 def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None = None) -> dict:
@@ -111,7 +126,7 @@ def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None =
         for p in procs:
             p.start()
         try:
-            return _collect(q, world, expect, timeout)
+            return _collect(q, world, expect, timeout)[0]
         finally:
             _stop(procs)
     pool = _POOLS.pop(world, None)
@@ -123,8 +138,8 @@ def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None =
     try:
         for box in pool.inboxes:
             box.put((fn, port, args))
-        out = _collect(pool.q, world, None, timeout)
-        ok = all(err is None for _, err in out.values()) and pool.healthy()
+        out, left = _collect(pool.q, world, None, timeout)
+        ok = all(err is None for _, err in out.values()) and not left and pool.healthy()
         return out
     finally:
         if ok:

@@ -32,7 +32,8 @@ def _adpsgd(rank, world, slow, rounds, round_s, leave_after):
     from pipeline.train.comm.p2p import P2PChannel
 
     x = _vector(rank)
-    core = PairAveraging(P2PChannel(adpsgd_pairs(world), _liveness(20)), [x], threading.Lock(), seed=3,
+    live = _liveness(20)
+    core = PairAveraging(P2PChannel(adpsgd_pairs(world), live), [x], threading.Lock(), seed=3,
                          delay_s=0.01 if rank == slow else 0.0)
     snaps = [_gather(x, world)]
     for r in range(rounds):
@@ -46,6 +47,7 @@ def _adpsgd(rank, world, slow, rounds, round_s, leave_after):
     core.leave(60)
     if leave_after:
         snaps.append(_gather(x, world))
+    live.stop()
     return {"snaps": snaps, "exchanges": core.stats.exchanges, "staleness": dict(core.stats.staleness)}
 
 
@@ -55,7 +57,8 @@ def _adpsgd_paced(rank, world, per_step, steps):
     from pipeline.train.comm.p2p import P2PChannel
 
     x = _vector(rank)
-    core = PairAveraging(P2PChannel(adpsgd_pairs(world), _liveness(20)), [x], threading.Lock(), seed=3,
+    live = _liveness(20)
+    core = PairAveraging(P2PChannel(adpsgd_pairs(world), live), [x], threading.Lock(), seed=3,
                          per_step=per_step)
     core.begin_round()
     for _ in range(steps):
@@ -63,6 +66,7 @@ def _adpsgd_paced(rank, world, per_step, steps):
         time.sleep(0.02)
     core.end_round()
     core.leave(30)
+    live.stop()
     return core.stats.exchanges
 
 
@@ -171,6 +175,7 @@ def _eawild(rank, world, locked, seconds, alpha, slow):
     link.end_round(liveness)
     xs = _gather(x, world)
     link.leave(30)
+    liveness.stop()
     return {"pushes": pushes, "x0": _gather(x0, world), "x": xs, "c": None if holder is None else holder.c.numpy(),
             "order": None if holder is None else list(holder.order)}
 

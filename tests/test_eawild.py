@@ -43,6 +43,7 @@ def _eawild_exact(rank, world, group_size, lock, tau, steps, lr, alpha):
     out = {"x": _gather(x.detach().clone(), world), "c": alg.centre_flat().numpy(),
            "order": None if alg.holder is None else list(alg.holder.order)}
     alg.close()
+    comm.shutdown()   # its heartbeat thread and process group (a pooled process takes the next call)
     return out
 
 
@@ -181,6 +182,7 @@ def _eawild_grouped(rank, world, group_size, tau, alpha, rounds, round_steps, ro
            "order": None if holder is None else list(holder.order),
            "served": None if holder is None else (holder.server is not None)}
     alg.close()
+    comm.shutdown()   # its heartbeat thread and process group (a pooled process takes the next call)
     return out
 
 
@@ -252,6 +254,7 @@ def _eawild_drift(rank, world, group_size, lock, compensate, steps, lr, alpha):
     out = {"q1": _gather(snaps[steps // 4], world), "q3": _gather(snaps[3 * steps // 4], world),
            "x": _gather(x.detach().clone(), world), "c": alg.centre_flat().numpy()}
     alg.close()
+    comm.shutdown()   # its heartbeat thread and process group (a pooled process takes the next call)
     return out
 
 
