@@ -71,7 +71,7 @@ class _Pool:
 
     def __init__(self, world: int):
         ctx = mp.get_context("spawn")
-        self.world, self.q = world, ctx.Queue()
+        self.q = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(world)]
         self.procs = [ctx.Process(target=_serve, args=(r, world, self.inboxes[r], self.q), daemon=True)
                       for r in range(world)]

@@ -239,7 +239,7 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from .entry import worker_entry
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
-    if not cfg.torch_local_mode:
+    if runs_in_spark_tasks(cfg):
         _check_slots(spark, world)
         _task_environment(spark)
     conf = dict(spark.sparkContext.getConf().getAll())
@@ -266,18 +266,21 @@ def _check_slots(spark, world: int) -> None:
     check_task_slots(spark, world)
 
 
+def runs_in_spark_tasks(cfg: TrainConfig) -> bool:
+    """Whether the configured launcher runs the workers as Spark tasks, one task slot each: Horovod,
+    and TorchDistributor outside its local mode."""
+    return cfg.launcher == "horovod" or (cfg.launcher == "torch" and not cfg.torch_local_mode)
+
+
 def check_launch_slots(cfg: TrainConfig, spark) -> None:
-    """A workflow's first check, before the stages that precede training: when the configured
-    launcher runs the workers as Spark tasks (Horovod, TorchDistributor outside its local mode),
-    fail with the slot error now instead of after ingestion and sharding. The training stage checks
-    again at its start; a Spark Connect session is left to its refusal of these launchers."""
+    """A workflow's first check, before the stages that precede training: when the workers will run
+    as Spark tasks, fail with the slot error now instead of after ingestion and sharding. The
+    training stage checks again at its start; a Spark Connect session is left to its refusal of
+    these launchers."""
     from ..spark import is_connect
 
-    if cfg.workers is None or is_connect(spark) or cfg.launcher not in ("horovod", "torch"):
-        return
-    if cfg.launcher == "torch" and cfg.torch_local_mode:
-        return
-    _check_slots(spark, cfg.workers)
+    if cfg.workers is not None and runs_in_spark_tasks(cfg) and not is_connect(spark):
+        _check_slots(spark, cfg.workers)
 
 
 def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark=None) -> list[dict]:

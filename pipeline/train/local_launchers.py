@@ -26,18 +26,15 @@ def _end_with(launcher: int, poll_s: float = 1.0) -> None:
             time.sleep(poll_s)
             try:
                 os.kill(launcher, 0)
-            except ProcessLookupError:
-                os._exit(70)
-            except PermissionError:   # the pid now belongs to another user's process: ours is gone
+            except (ProcessLookupError, PermissionError):   # gone (or its pid now another user's)
                 os._exit(70)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue, env: dict,
-                 launcher: Optional[int] = None) -> None:
-    if launcher is not None:
-        _end_with(launcher)
+                 launcher: int) -> None:
+    _end_with(launcher)
     os.environ.clear()   # the launching process's environment now, as a spawned child would have it
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
