@@ -72,14 +72,16 @@ def _adpsgd_paced(rank, world, per_step, steps):
 
 def test_adpsgd_step_pace_starts_at_most_one_averaging_per_gradient_step():
     """pace "step": each active starts at most one averaging per notified step (and keeps up with
-    20 ms steps); "free" averages back to back, many times per step, in the same time."""
+    20 ms steps); "free" averages back to back, more than once per step, in the same time. (Free
+    made about 3-6 averagings per step here; the bound is one per step so that a loaded CI machine,
+    which made 70 in 25 steps, still passes, and a "free" that waits for steps still fails.)"""
     world, steps = 4, 25
     paced = run_procs(_adpsgd_paced, world, True, steps)
     free = run_procs(_adpsgd_paced, world, False, steps)
     assert all(err is None for _, err in list(paced.values()) + list(free.values())), (paced, free)
     for r in (0, 2):   # the actives: what they started
         assert steps // 2 <= paced[r][0] <= steps, paced[r][0]
-        assert free[r][0] > 3 * steps, free[r][0]
+        assert free[r][0] > steps, free[r][0]
 
 
 def _consensus(xs: np.ndarray) -> float:
