@@ -5,7 +5,8 @@ Only runs on the ``inprocess`` launcher run this way (its ranks are threads of o
 thread in all): on 2 cores one such run leaves a core mostly idle, so two at once finish a batch of
 runs about 1.6x sooner (docs/benchmarks.md, "The studies' cost"). A run trains exactly as it would
 alone (the same seed gives the same digests); the driver prepares its data and run folder before,
-and records it after, in the study's order.
+and records it after, in the study's order. A pool process ends when the driver's process is gone
+(a study stopped with ``kill`` between sittings leaves no run training on as an orphan).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import concurrent.futures as cf
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from typing import Callable
 
@@ -29,6 +31,21 @@ def _train(cfg_json: str) -> tuple[dict, float, int]:
     return summary, time.time() - t0, os.getpid()
 
 
+#: seconds between a pool process's checks that the driver is still there
+PARENT_POLL_S = 1.0
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """A pool process's initializer: a thread that ends the process once its parent (the study's
+    driver) is gone; the process is then a child of another (init or a subreaper)."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="driver-watch", daemon=True).start()
+
+
 class RunPool:
     """``n`` processes (started with ``spawn``: no state of the driver, no Spark, is inherited),
     each running ``target`` on a run's config JSON. A process that dies (killed, out of memory)
@@ -40,7 +57,8 @@ class RunPool:
         self._pool = self._start()
 
     def _start(self) -> cf.ProcessPoolExecutor:
-        return cf.ProcessPoolExecutor(max_workers=self.n, mp_context=multiprocessing.get_context("spawn"))
+        return cf.ProcessPoolExecutor(max_workers=self.n, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=_watch_parent, initargs=(os.getpid(),))
 
     def submit(self, train_cfg) -> cf.Future:
         cfg_json = train_cfg.model_dump_json()
