@@ -18,6 +18,15 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # spark-submit / spark-class of the virtualenv for the tests that launch jobs as processes
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+# Every JVM the tests start lives seconds to a minute on tiny data: the client compiler only and the
+# serial collector spend less CPU on the JIT and GC threads (a Spark start 1.2 s sooner, tests/test_shard.py
+# 11% sooner on 2 cores; docs/DEVELOPING.md#tiers). spark-submit and pyspark's own JVM read
+# SPARK_SUBMIT_OPTS, the standalone cluster's master and workers SPARK_DAEMON_JAVA_OPTS; the jobs' code
+# and Spark's settings are the ones users run.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+for _var in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+    if TEST_JVM_OPTIONS not in os.environ.get(_var, ""):
+        os.environ[_var] = f"{os.environ.get(_var, '')} {TEST_JVM_OPTIONS}".strip()
 
 
 def pytest_unconfigure(config):

@@ -41,15 +41,15 @@ out["stats"] = [{"file": str(s.file), "duration_s": s.duration.total_seconds(), 
 out["dag_ids"] = sorted(bag.dag_ids)
 heavy = [m for m in ("pyspark", "torch", "horovod", "petastorm", "uproot", "awkward") if m in sys.modules]
 out["heavy_modules"] = heavy
-if req.get("render"):
+def render(request):
     import copy
     from spark_jobs import with_extra_sets
-    out["rendered"] = {}
+    rendered = {}
     for dag_id in bag.dag_ids:
         dag = bag.get_dag(dag_id)
-        ld = pendulum.parse(req["render"]["logical_date"])
+        ld = pendulum.parse(request["logical_date"])
         params = {k: dag.params[k] for k in dag.params}
-        params.update(req["render"].get("conf") or {})
+        params.update(request.get("conf") or {})
         tasks = {}
         for t in dag.tasks:
             info = {"type": type(t).__name__, "upstream": sorted(t.upstream_task_ids),
@@ -63,8 +63,11 @@ if req.get("render"):
                 info.update(application=r.application, conn_id=r._conn_id, conf=r.conf, env=r.env_vars,
                             args=with_extra_sets(r.application_args, params, t.task_id))
             tasks[t.task_id] = info
-        out["rendered"][dag_id] = {"tasks": tasks, "params": params, "schedule": str(dag.schedule),
-                                   "catchup": dag.catchup}
+        rendered[dag_id] = {"tasks": tasks, "params": params, "schedule": str(dag.schedule),
+                            "catchup": dag.catchup}
+    return rendered
+if req.get("render"):
+    out["rendered"] = [render(r) for r in req["render"]]
 if req.get("dag_id"):
     dag = bag.get_dag(req["dag_id"])
     kw = {"logical_date": pendulum.parse(req["logical_date"]), "run_conf": req.get("conf") or {}}
@@ -137,9 +140,10 @@ def airflow_home(tmp_path_factory) -> dict[str, str]:
 def run_airflow(env: dict[str, str], dag_id: Optional[str] = None, logical_date: Optional[str] = None,
                 conf: Optional[dict] = None, mark_success: Optional[str] = None,
                 timeout: int = 900, extra_env: Optional[dict] = None,
-                render: Optional[dict] = None) -> dict[str, Any]:
-    """Parse the DAG folder in a subprocess, and: ``render`` ({"logical_date", "conf"}) every
-    task's templated fields, or ``dag.test()`` one run of ``dag_id``. Returns the JSON result."""
+                render: Optional[list[dict]] = None) -> dict[str, Any]:
+    """Parse the DAG folder in a subprocess, and: ``render`` (a list of {"logical_date", "conf"}) every
+    task's templated fields for each (``rendered``: one dict per request), or ``dag.test()`` one run of
+    ``dag_id``. Returns the JSON result."""
     req = {"dags": str(DAGS), "dag_id": dag_id, "logical_date": logical_date, "conf": conf,
            "mark_success": mark_success, "render": render}
     env = {**env, **(extra_env or {})}

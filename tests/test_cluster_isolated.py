@@ -457,7 +457,7 @@ def test_an_unreachable_input_on_the_cluster_is_one_line_and_nothing_is_written(
     dead_server = f"127.0.0.1:{free_port()}"       # nothing listens there
     dead = [f"root://{dead_server}/{xrd.served}/{n}_0000.root" for n in _CLASSES]
     output = f"s3://{s3.bucket}/bad-unreachable-xrootd/features"
-    r = cluster.submit(str(REPO / "jobs" / "features.py"), *_features_args(dead, output, file_timeout_s=20),
+    r = cluster.submit(str(REPO / "jobs" / "features.py"), *_features_args(dead, output, file_timeout_s=5),
                        env=cluster.driver_env(**s3.env("writer")), cwd=tmp_path, timeout=900)
     err = _error_lines(r)
     assert r.returncode != 0 and len(err) == 1, _why(r, cluster)

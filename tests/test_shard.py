@@ -87,6 +87,11 @@ def check_manifest_against_parquet(out: Path, source: pa.Table, row_group_rows: 
     assert {"scheme", "workers", "copies", "seed"} <= set(layout)
     held = []
     labels_by_id = dict(zip(ids.tolist(), source.column("label").to_pylist()))
+    tensors = {c: (v["dtype"], v["length"]) for c, v in man["tensors"].items()}
+    head = source.slice(0, 300)         # the tensors of the input's first rows, by sample id
+    want_tensors = {c: {s_: np.asarray(v, dtype) for s_, v in zip(head.column("sample_id").to_pylist(),
+                                                                   head.column(c).to_pylist())}
+                    for c, (dtype, _) in tensors.items()}
     for i, w in enumerate(man["workers"]):
         d = Path(w["path"])
         assert w["worker"] == i and d == out / f"worker_{i:03d}" and d.is_dir()
@@ -101,13 +106,11 @@ def check_manifest_against_parquet(out: Path, source: pa.Table, row_group_rows: 
             rows += md.num_rows
         assert rows == w["rows"]
         t = pq.read_table(d)
-        tensors = {c: (v["dtype"], v["length"]) for c, v in man["tensors"].items()}
         # the input's columns and types, the tensor columns as fixed-size binary
         assert t.schema.remove_metadata().equals(output_schema(source.schema, tensors).remove_metadata())
         for c, (dtype, k) in tensors.items():
             assert tensor_spec(t.schema.field(c)) == (dtype, k)
-            want = {s_: np.asarray(v, dtype) for s_, v in zip(source.column("sample_id").to_pylist()[:300],
-                                                                source.column(c).to_pylist()[:300])}
+            want = want_tensors[c]
             got_rows = decode(t.column(c), dtype, k)
             for s_, row in zip(t.column("sample_id").to_pylist(), got_rows):
                 if s_ in want:

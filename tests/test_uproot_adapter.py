@@ -55,3 +55,51 @@ def test_a_tree_without_the_internal_is_left_alone():
         pass
 
     assert index_nested_branches(Other()) is False
+
+
+# ------------------------------------------------------------------ an RNTuple's subfield index
+@pytest.fixture
+def nano_rntuple(samples_dir):
+    return samples_dir / "nano_dy_rntuple.root"
+
+
+def _subfields(ntuple) -> list[list[int]]:
+    return [[g._fid for g in f.fields] for f in ntuple.ntuple.all_fields]
+
+
+def test_the_rntuple_index_gives_uproots_own_subfields(nano_rntuple):
+    """Every field's subfields (ids, order, anonymous fields replaced by their own) are those uproot
+    computes itself, and the RNTuple's keys and arrays are the same."""
+    from pipeline.ingest.uproot_adapter import index_rntuple_fields
+
+    with uproot.open(nano_rntuple) as f, uproot.open(nano_rntuple) as g:
+        indexed, plain = f["Events"], g["Events"]
+        assert all(x._fields is None for x in indexed.ntuple.all_fields)   # the internal the index fills
+        assert index_rntuple_fields(indexed) is True
+        assert all(x._fields is not None for x in indexed.ntuple.all_fields)
+        assert any(x.is_anonymous for x in plain.ntuple.all_fields)       # the sample has the case
+        assert _subfields(indexed) == _subfields(plain)
+        assert indexed.keys() == plain.keys() and len(plain.keys()) > 1000
+        names = ["Muon_pt", "Jet_eta", "nMuon", "event"]
+        a, b = indexed.arrays(names, entry_stop=10), plain.arrays(names, entry_stop=10)
+        assert a.fields == b.fields and all(ak.array_equal(a[n], b[n]) for n in names)
+
+
+def test_uproot_returns_the_index_instead_of_scanning_the_records(nano_rntuple):
+    """uproot's ``fields`` must hand back a filled ``_fields`` as it is (its scan of the records runs
+    only while the slot is empty)."""
+    from pipeline.ingest.uproot_adapter import index_rntuple_fields
+
+    with uproot.open(nano_rntuple) as f:
+        t = f["Events"]
+        index_rntuple_fields(t)
+        assert all(x.fields is x._fields for x in t.ntuple.all_fields)
+
+
+def test_an_rntuple_without_the_internal_is_left_alone():
+    from pipeline.ingest.uproot_adapter import index_rntuple_fields
+
+    class Other:
+        pass
+
+    assert index_rntuple_fields(Other()) is False

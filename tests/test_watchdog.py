@@ -98,8 +98,8 @@ def test_no_watch_when_the_timeout_is_zero():
 def test_a_worker_opening_a_slow_shard_beats_while_it_loads(tmp_path, mode, skip):
     """A shard that takes longer to decode (memory mode: all of it when the reader opens) or to
     skip into (a stream-mode resume decodes every skipped batch) than ``stall_timeout`` is not a
-    stall: the reader beats per decoded row group. The decode is slowed in the child to 20 ms per
-    row (32 row groups of 8 rows: about 5 s against a 1.5 s stall timeout)."""
+    stall: the reader beats per decoded row group. The decode is slowed in the child to 12 ms per
+    row (32 row groups of 8 rows: about 3 s against a 1.5 s stall timeout)."""
     from train_fixtures import write_digit_shards
 
     man = write_digit_shards(tmp_path / "shards", workers=1, n_train=256, n_test=32, n_val=32, row_group_rows=8)
@@ -113,7 +113,7 @@ def test_a_worker_opening_a_slow_shard_beats_while_it_loads(tmp_path, mode, skip
 
         decode = L.decode_table
         def slow_decode(table, *a, **k):  # a large shard on a slow disk
-            time.sleep(0.02 * table.num_rows)
+            time.sleep(0.012 * table.num_rows)
             return decode(table, *a, **k)
         L.decode_table = slow_decode
         cfg = TrainConfig(manifest={str(man)!r}, output={str(tmp_path / "o")!r}, launcher="local", batch_size=8,

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ...errors import BadInputError
 from ...fs import open_root
-from ..uproot_adapter import index_nested_branches
+from ..uproot_adapter import index_nested_branches, index_rntuple_fields
 from .config import FILE_TIMEOUT_S
 from .deadline import ReadTimeout, read_deadline
 
@@ -47,7 +47,9 @@ def open_tree(path: str, tree: str):
         raise BadInputError(f"no tree {tree!r} in the file ({first_line(e)})") from None
     if not hasattr(t, "num_entries") or not hasattr(t, "arrays"):
         raise BadInputError(f"{tree!r} is a {type(t).__name__}, not a TTree or an RNTuple")
-    if not is_rntuple(t):
+    if is_rntuple(t):
+        index_rntuple_fields(t)
+    else:
         index_nested_branches(t)
     return t
 
