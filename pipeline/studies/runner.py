@@ -247,6 +247,80 @@ class _Tracker:
             self.parent.finish(artifacts, status=status)
 
 
+class _Bookkeeping:
+    """What one pass over a study's runs has done: the trained, skipped and failed runs, each run's
+    result row (by its number in the study), and the records and store copies written on the way."""
+
+    def __init__(self, plan: StudyPlan, out: Path, tracker, remote: RemoteOutput | None):
+        from .records import records_root
+
+        self.plan, self.out, self.tracker, self.remote = plan, out, tracker, remote
+        self.root = records_root(plan.spec.records)
+        self.done: dict = {"trained": [], "skipped": [], "failed": [], "rows": [], "records": {}}
+        self.rows: dict[int, dict] = {}
+
+    def skipped(self, i: int, cell: Cell, seed: int, tag: str, cfg) -> bool:
+        """Book run ``i`` as skipped when it finished earlier (in the work folder or on the store) or
+        has a record; False when it must be trained."""
+        from .records import recorded
+
+        plan, out, remote, root = self.plan, self.out, self.remote, self.root
+        rdir = run_dir(out, cell, seed)
+        if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
+            self.done["skipped"].append((cell.name, seed))
+            log.info("%s: finished earlier, skipped", tag)
+            if root is not None and recorded(root, cell, seed, cfg) is None:
+                _record(plan, cell, seed, out, root, cfg, None, None)  # finished before records were kept
+            self.rows[i] = result_row(plan, cell, seed, out, remote)
+            self.tracker.child(plan, cell, seed, out, self.rows[i])
+            return True
+        rec = recorded(root, cell, seed, cfg)
+        if rec is None:
+            return False
+        self.done["skipped"].append((cell.name, seed))
+        self.done["records"][(cell.name, seed)] = rec
+        self.rows[i] = record_row(plan, cell, seed, rec)
+        log.info("%s: recorded in %s, skipped", tag, root)
+        return True
+
+    def fail(self, cell: Cell, seed: int, tag: str, e: Exception) -> None:
+        """Book a failed run: its error in ``<run>/error.txt`` (and on the store)."""
+        rdir = run_dir(self.out, cell, seed)
+        msg = " ".join(str(e).split())[:500] or type(e).__name__
+        self.done["failed"].append((cell.name, seed, e, msg))
+        rdir.mkdir(parents=True, exist_ok=True)
+        (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
+        log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
+        if self.remote:
+            self.remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
+
+    def settle(self, i: int, cell: Cell, seed: int, tag: str, cfg, t1: float, load0,
+               outcome: Callable[[], tuple[dict, float]]) -> None:
+        """Book one trained run: ``outcome()`` returns its summary and seconds, or raises its error."""
+        from .records import load_avg
+
+        plan, out, remote = self.plan, self.out, self.remote
+        try:
+            s, wall = outcome()
+        except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
+            self.fail(cell, seed, tag, e)
+            return
+        self.done["trained"].append((cell.name, seed))
+        log.info("%s: test accuracy %.4f, %.0f s, load average %s -> %s", tag, s["test_accuracy"], wall,
+                 load0, load_avg())
+        if self.root is not None:
+            _record(plan, cell, seed, out, self.root, cfg, wall, load0)
+        self.rows[i] = result_row(plan, cell, seed, out, remote)
+        self.tracker.child(plan, cell, seed, out, self.rows[i])
+        if remote:  # run.json last: the run counts as finished
+            rdir = run_dir(out, cell, seed)
+            remote.put_files(out, [f for f in (rdir / "mlflow_run.json", rdir / "run.json") if f.is_file()])
+
+    def result(self) -> dict:
+        self.done["rows"] = [self.rows[i] for i in sorted(self.rows)]
+        return self.done
+
+
 def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: RemoteOutput | None = None) -> dict:
     """Every run in order: skip the finished and the recorded ones, train the others; a failed run
     is recorded and the study goes on (its error is in ``<run>/error.txt``). With an object-store
@@ -254,50 +328,15 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
     With ``records``, each trained run's record is written as soon as it finishes (:mod:`.records`).
     With ``parallel_runs`` > 1 the runs to train go to that many processes (:mod:`.parallel`); each
     is recorded when it ends, in the study's order."""
-    from .records import load_avg, recorded, records_root
+    from .records import load_avg
 
-    done: dict = {"trained": [], "skipped": [], "failed": [], "rows": [], "records": {}}
-    rows: dict[int, dict] = {}
-    root = records_root(plan.spec.records)
+    book = _Bookkeeping(plan, out, tracker, remote)
     pool = None
     if plan.spec.parallel_runs > 1:
         from .parallel import RunPool
 
         pool = RunPool(plan.spec.parallel_runs)
     inflight: list = []
-
-    def fail(cell, seed, tag, e: Exception) -> None:
-        """Book a failed run: its error in ``<run>/error.txt`` (and on the store)."""
-        rdir = run_dir(out, cell, seed)
-        msg = " ".join(str(e).split())[:500] or type(e).__name__
-        done["failed"].append((cell.name, seed, e, msg))
-        rdir.mkdir(parents=True, exist_ok=True)
-        (rdir / "error.txt").write_text(f"{type(e).__name__}: {msg}\n")
-        log.error("%s: FAILED: %s: %s", tag, type(e).__name__, msg)
-        if remote:
-            remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
-
-    def settle(i, cell, seed, tag, cfg, t1, load0, outcome: Callable[[], tuple[dict, float]]) -> None:
-        """Book one trained run: ``outcome()`` returns its summary and seconds, or raises its error."""
-        rdir = run_dir(out, cell, seed)
-        try:
-            s, wall = outcome()
-        except Exception as e:  # noqa: BLE001 - the other runs go on; reported at the end
-            fail(cell, seed, tag, e)
-            return
-        done["trained"].append((cell.name, seed))
-        log.info("%s: test accuracy %.4f, %.0f s, load average %s -> %s", tag, s["test_accuracy"], wall,
-                 load0, load_avg())
-        if root is not None:
-            _record(plan, cell, seed, out, root, cfg, wall, load0)
-        rows[i] = result_row(plan, cell, seed, out, remote)
-        tracker.child(plan, cell, seed, out, rows[i])
-        if remote:  # run.json last: the run counts as finished
-            remote.put_files(out, [f for f in (rdir / "mlflow_run.json", rdir / "run.json") if f.is_file()])
-
-    def train_here(cell, seed, t1) -> tuple[dict, float]:
-        s = train_one(plan, cell, seed, out, data_root, spark, remote)
-        return s, time.time() - t1
 
     def collect(entry) -> None:
         i, cell, seed, tag, cfg, t1, load0, prepared, fut, train_cfg = entry
@@ -307,49 +346,36 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
             log.info("%s: trained in process %d", tag, pid)
             finish_run(plan, cell, seed, out, train_cfg, remote)
             return s, prepared + seconds
-        settle(i, cell, seed, tag, cfg, t1, load0, outcome)
+        book.settle(i, cell, seed, tag, cfg, t1, load0, outcome)
 
     try:
         for i, (cell, seed) in enumerate(plan.runs, 1):
             tag = f"[study {plan.spec.name}] run {i}/{len(plan.runs)}: {cell.name}, seed {seed}"
-            rdir = run_dir(out, cell, seed)
             cfg = plan.config(cell, seed)
-            if fetch_finished(remote, cell, seed, rdir, cfg) if remote else is_finished(rdir, cfg):
-                done["skipped"].append((cell.name, seed))
-                log.info("%s: finished earlier, skipped", tag)
-                if root is not None and recorded(root, cell, seed, cfg) is None:
-                    _record(plan, cell, seed, out, root, cfg, None, None)  # finished before records were kept
-                rows[i] = result_row(plan, cell, seed, out, remote)
-                tracker.child(plan, cell, seed, out, rows[i])
-            elif (rec := recorded(root, cell, seed, cfg)) is not None:
-                done["skipped"].append((cell.name, seed))
-                done["records"][(cell.name, seed)] = rec
-                rows[i] = record_row(plan, cell, seed, rec)
-                log.info("%s: recorded in %s, skipped", tag, root)
-            elif pool is None:
-                t1, load0 = time.time(), load_avg()
-                tracker.discard(out, cell, seed)
-                settle(i, cell, seed, tag, cfg, t1, load0, lambda: train_here(cell, seed, t1))
-            else:
-                t1, load0 = time.time(), load_avg()
-                tracker.discard(out, cell, seed)
-                try:
-                    train_cfg = prepare_run(plan, cell, seed, out, data_root, spark, remote)
-                except Exception as e:  # noqa: BLE001 - booked as this run's failure
-                    fail(cell, seed, tag, e)
-                    continue
-                prepared = time.time() - t1   # the run's seconds: preparing it here plus training it there
-                inflight.append((i, cell, seed, tag, cfg, t1, load0, prepared, pool.submit(train_cfg), train_cfg))
-                log.info("%s: training (%d at once)", tag, len(inflight))
-                if len(inflight) >= pool.n:
-                    collect(inflight.pop(0))
+            if book.skipped(i, cell, seed, tag, cfg):
+                continue
+            t1, load0 = time.time(), load_avg()
+            tracker.discard(out, cell, seed)
+            if pool is None:
+                book.settle(i, cell, seed, tag, cfg, t1, load0,
+                            lambda: (train_one(plan, cell, seed, out, data_root, spark, remote), time.time() - t1))
+                continue
+            try:
+                train_cfg = prepare_run(plan, cell, seed, out, data_root, spark, remote)
+            except Exception as e:  # noqa: BLE001 - booked as this run's failure
+                book.fail(cell, seed, tag, e)
+                continue
+            prepared = time.time() - t1   # the run's seconds: preparing it here plus training it there
+            inflight.append((i, cell, seed, tag, cfg, t1, load0, prepared, pool.submit(train_cfg), train_cfg))
+            log.info("%s: training (%d at once)", tag, len(inflight))
+            if len(inflight) >= pool.n:
+                collect(inflight.pop(0))
         while inflight:
             collect(inflight.pop(0))
     finally:
         if pool is not None:
             pool.close()
-    done["rows"] = [rows[i] for i in sorted(rows)]
-    return done
+    return book.result()
 
 
 def _record(plan: StudyPlan, cell: Cell, seed: int, out: Path, root: Path, cfg, wall: float, load0) -> None:
