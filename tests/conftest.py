@@ -19,8 +19,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # spark-submit / spark-class of the virtualenv for the tests that launch jobs as processes
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 # Every JVM the tests start lives seconds to a minute on tiny data: the client compiler only and the
-# serial collector spend less CPU on the JIT and GC threads (a Spark start 1.2 s sooner, tests/test_shard.py
-# 11% sooner on 2 cores; docs/DEVELOPING.md#tiers). spark-submit and pyspark's own JVM read
+# serial collector spend less CPU on the JIT and GC threads (a Spark start and its first job 7.5 s -> 6.2 s
+# on 2 cores; docs/DEVELOPING.md#tiers). spark-submit and pyspark's own JVM read
 # SPARK_SUBMIT_OPTS, the standalone cluster's master and workers SPARK_DAEMON_JAVA_OPTS; the jobs' code
 # and Spark's settings are the ones users run.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
