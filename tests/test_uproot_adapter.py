@@ -8,7 +8,7 @@ import awkward as ak
 import pytest
 import uproot
 
-from pipeline.ingest.uproot_adapter import index_nested_branches
+from pipeline.ingest.uproot_adapter import index_nested_branches, index_rntuple_fields
 
 
 @pytest.fixture
@@ -70,8 +70,6 @@ def _subfields(ntuple) -> list[list[int]]:
 def test_the_rntuple_index_gives_uproots_own_subfields(nano_rntuple):
     """Every field's subfields (ids, order, anonymous fields replaced by their own) are those uproot
     computes itself, and the RNTuple's keys and arrays are the same."""
-    from pipeline.ingest.uproot_adapter import index_rntuple_fields
-
     with uproot.open(nano_rntuple) as f, uproot.open(nano_rntuple) as g:
         indexed, plain = f["Events"], g["Events"]
         assert all(x._fields is None for x in indexed.ntuple.all_fields)   # the internal the index fills
@@ -88,8 +86,6 @@ def test_the_rntuple_index_gives_uproots_own_subfields(nano_rntuple):
 def test_uproot_returns_the_index_instead_of_scanning_the_records(nano_rntuple):
     """uproot's ``fields`` must hand back a filled ``_fields`` as it is (its scan of the records runs
     only while the slot is empty)."""
-    from pipeline.ingest.uproot_adapter import index_rntuple_fields
-
     with uproot.open(nano_rntuple) as f:
         t = f["Events"]
         index_rntuple_fields(t)
@@ -97,8 +93,6 @@ def test_uproot_returns_the_index_instead_of_scanning_the_records(nano_rntuple):
 
 
 def test_an_rntuple_without_the_internal_is_left_alone():
-    from pipeline.ingest.uproot_adapter import index_rntuple_fields
-
     class Other:
         pass
 

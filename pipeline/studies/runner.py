@@ -294,7 +294,7 @@ class _Bookkeeping:
         if self.remote:
             self.remote.replace_with_file(run_key(cell, seed), rdir / "error.txt")
 
-    def settle(self, i: int, cell: Cell, seed: int, tag: str, cfg, t1: float, load0,
+    def settle(self, i: int, cell: Cell, seed: int, tag: str, cfg, load0,
                outcome: Callable[[], tuple[dict, float]]) -> None:
         """Book one trained run: ``outcome()`` returns its summary and seconds, or raises its error."""
         from .records import load_avg
@@ -339,14 +339,14 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
     inflight: list = []
 
     def collect(entry) -> None:
-        i, cell, seed, tag, cfg, t1, load0, prepared, fut, train_cfg = entry
+        i, cell, seed, tag, cfg, load0, prepared, fut, train_cfg = entry
 
         def outcome() -> tuple[dict, float]:
             s, seconds, pid = fut.result()
             log.info("%s: trained in process %d", tag, pid)
             finish_run(plan, cell, seed, out, train_cfg, remote)
             return s, prepared + seconds
-        book.settle(i, cell, seed, tag, cfg, t1, load0, outcome)
+        book.settle(i, cell, seed, tag, cfg, load0, outcome)
 
     try:
         for i, (cell, seed) in enumerate(plan.runs, 1):
@@ -357,7 +357,7 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
             t1, load0 = time.time(), load_avg()
             tracker.discard(out, cell, seed)
             if pool is None:
-                book.settle(i, cell, seed, tag, cfg, t1, load0,
+                book.settle(i, cell, seed, tag, cfg, load0,
                             lambda: (train_one(plan, cell, seed, out, data_root, spark, remote), time.time() - t1))
                 continue
             try:
@@ -366,7 +366,7 @@ def _run_all(plan: StudyPlan, out: Path, data_root, spark, tracker, remote: Remo
                 book.fail(cell, seed, tag, e)
                 continue
             prepared = time.time() - t1   # the run's seconds: preparing it here plus training it there
-            inflight.append((i, cell, seed, tag, cfg, t1, load0, prepared, pool.submit(train_cfg), train_cfg))
+            inflight.append((i, cell, seed, tag, cfg, load0, prepared, pool.submit(train_cfg), train_cfg))
             log.info("%s: training (%d at once)", tag, len(inflight))
             if len(inflight) >= pool.n:
                 collect(inflight.pop(0))
