@@ -51,8 +51,11 @@ def _local_child(rank: int, world: int, host: str, port: int, args: tuple, queue
         queue.put((rank, None, e))
 
 
-#: what every local worker imports: loaded once into the fork server, then inherited by each fork
-PRELOAD = ("torch", f"{__package__}.entry")
+#: what every local worker imports: loaded once into the fork server, then inherited by each fork.
+#: Imported later by every worker, each about 0.9 s of one core here: ``torch._dynamo`` (torch
+#: imports its compiler stack, about 800 modules, when a process makes its first optimizer) and
+#: ``sklearn.metrics`` (the per-class AUC of the first evaluation).
+PRELOAD = ("torch", "torch._dynamo", "sklearn.metrics", f"{__package__}.entry")
 
 
 def worker_context():
