@@ -131,6 +131,9 @@ class Cluster:
                # another's shuffle blocks over the network, not read its files as a same-host neighbour's
                "--conf", "spark.shuffle.readHostLocalDisk=false",
                "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=180s"]
+        if os.environ.get("SPARK_SUBMIT_OPTS"):
+            # the executors run with the JVM options the tests give every driver (tests/conftest.py)
+            cmd += ["--conf", f"spark.executor.extraJavaOptions={os.environ['SPARK_SUBMIT_OPTS']}"]
         for k, v in (conf or {}).items():
             cmd += ["--conf", f"{k}={v}"]
         return cmd + list(args)
