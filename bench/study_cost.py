@@ -13,13 +13,18 @@ Three measurements, each a ratio against the local launcher measured in the same
   LeNet-5, so that older code runs it too, 10 steps): the
   training stage's wall time less its training loop (process starts, plan, the final test
   evaluation), ``--repeat`` times; with ``--repo`` another checkout's code is measured (the
-  baseline of a change: run it once with the old checkout and once with the new one).
+  baseline of a change: run it once with the old checkout and once with the new one);
+* ``start-issue``: the same fixed cost measured as the studies issue measured it:
+  ``configs/run_images_haland.yaml`` (M = 16) on the local launcher with ``train.max_steps=300``,
+  on data the image workflow makes once in ``--issue-data`` (so that an older checkout, ``--repo``,
+  trains on the same shards as this one).
 
 The data (Fashion-MNIST ingested and sharded as the studies do) comes from the studies' cache
 (``--data``, default runs/studies/data) and is made there once if missing (Spark). Run it alone on
 an idle machine; it prints the load average beside every figure.
 
-    .venv/bin/python bench/study_cost.py [--only runs,batch,start] [--steps 100] [--repeat 3]
+    .venv/bin/python bench/study_cost.py [--only runs,batch,start,start-issue] [--steps 100] [--repeat 3]
+        [--issue-data DIR] [--repo CHECKOUT]
 """
 from __future__ import annotations
 
@@ -157,6 +162,32 @@ def bench_start(data: Path, tmp: Path, repeat: int) -> None:
     print(f"fixed cost: {spread(fixed)}")
 
 
+def bench_start_issue(data: Path, tmp: Path, repeat: int) -> None:
+    """The fixed cost as the issue measured it: ``configs/run_images_haland.yaml`` (M = 16, Fashion-MNIST)
+    on the local launcher with ``train.max_steps=300``, the training stage's wall time less its training
+    loop. The data (the image workflow's ingest and shards, Spark) is made in ``data`` once, by the
+    code measured first; a later run, of this code or another checkout's, trains on the same shards."""
+    import json
+
+    from pipeline.config import load_config
+    from pipeline.workflows import ImagesRunConfig, images_stage_configs, run_images
+
+    root = Path(code_root())
+    print(f"\n== the fixed cost of configs/run_images_haland.yaml (local launcher, 300 steps; code: {root})")
+    cfg = load_config(ImagesRunConfig, root / "configs" / "run_images_haland.yaml",
+                      [f"output_root={data}", "train.launcher=local", "train.max_steps=10", "train.progress=false"])
+    made = data / "summary.json"
+    outputs = json.loads(made.read_text())["outputs"] if made.exists() else run_images(cfg)["outputs"]
+    stage = images_stage_configs(cfg, {k: Path(v) for k, v in outputs.items()})["train"]
+    fixed = []
+    for i in range(repeat):
+        r = one_run(stage.model_copy(update={"max_steps": 300, "output": str(tmp / f"haland-train-{i}")}))
+        fixed.append(r["fixed"])
+        print(f"  run {i + 1}: stage {r['wall']:.1f} s, training loop {r['train']:.1f} s, fixed {r['fixed']:.1f} s "
+              f"({load()})", flush=True)
+    print(f"fixed cost: {spread(fixed)}")
+
+
 def code_root() -> str:
     import pipeline
 
@@ -165,10 +196,13 @@ def code_root() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="runs,batch,start", help="comma-separated: runs, batch, start")
+    ap.add_argument("--only", default="runs,batch,start,start-issue",
+                    help="comma-separated: runs, batch, start, start-issue")
     ap.add_argument("--steps", type=int, default=100, help="steps of each run in runs and batch (default 100)")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of start (default 3)")
     ap.add_argument("--data", default=str(HERE / "runs" / "studies" / "data"), help="the studies' data cache")
+    ap.add_argument("--issue-data", default=None, help="start-issue: where its data is made once and reused "
+                                                       "(default: a temporary directory)")
     ap.add_argument("--repo", default=None, help="measure the pipeline code of this checkout instead")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(a.repo).resolve() if a.repo else HERE))
@@ -185,6 +219,8 @@ def main(argv=None) -> int:
             bench_batch(Path(a.data), tmp, a.steps)
         if "start" in only:
             bench_start(Path(a.data), tmp, a.repeat)
+        if "start-issue" in only:
+            bench_start_issue(Path(a.issue_data) if a.issue_data else tmp / "haland", tmp, a.repeat)
     return 0
 
 
