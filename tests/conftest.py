@@ -20,11 +20,12 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 # Every JVM the tests start lives seconds to a minute on tiny data: the client compiler only and the
 # serial collector spend less CPU on the JIT and GC threads (a Spark start and its first job 7.5 s -> 6.2 s
-# on 2 cores), and the classes of Spark's own jars are loaded unverified, without the performance-data
-# file (a spark-submit of a tiny job: 10.4-10.9 -> 8.9-10.2 CPU-s, 3 runs each; docs/DEVELOPING.md#tiers). spark-submit and
-# pyspark's own JVM read SPARK_SUBMIT_OPTS, the JVM that builds their command SPARK_LAUNCHER_OPTS, the
-# standalone cluster's master and workers SPARK_DAEMON_JAVA_OPTS (its executors get SPARK_SUBMIT_OPTS:
-# tests/cluster_fixtures.py); the jobs' code and Spark's settings are the ones users run.
+# on 2 cores), and the classes of Spark's own jars load unverified, without the performance-data file
+# (a spark-submit of a tiny job: 10.4-10.9 -> 8.9-10.2 CPU-s, 3 runs each; docs/DEVELOPING.md#tiers).
+# spark-submit and pyspark's own JVM read SPARK_SUBMIT_OPTS, the JVM that builds their command
+# SPARK_LAUNCHER_OPTS, the standalone cluster's master and workers SPARK_DAEMON_JAVA_OPTS (its executors
+# get SPARK_SUBMIT_OPTS: tests/cluster_fixtures.py); the jobs' code and Spark's settings are the ones
+# users run.
 TEST_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions "
                     "-XX:-BytecodeVerificationRemote -XX:-UsePerfData")
 for _var in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
