@@ -151,10 +151,14 @@ def bench_batch(data: Path, tmp: Path, steps: int) -> None:
 
 def bench_start(data: Path, tmp: Path, repeat: int) -> None:
     print(f"\n== the fixed cost of a real M = 16 run (local launcher, E1 protocol, 10 steps; code: {code_root()})")
+    fixed_costs([run_config("e1_workers", {"workers": 16}, 0, data, "local", 10, tmp / f"start-{i}",
+                            {"train.model": "lenet5"}) for i in range(repeat)])
+
+
+def fixed_costs(cfgs: list) -> None:
+    """Each run's training stage, its wall time less its training loop, and their spread."""
     fixed = []
-    for i in range(repeat):
-        cfg = run_config("e1_workers", {"workers": 16}, 0, data, "local", 10, tmp / f"start-{i}",
-                         {"train.model": "lenet5"})
+    for i, cfg in enumerate(cfgs):
         r = one_run(cfg)
         fixed.append(r["fixed"])
         print(f"  run {i + 1}: stage {r['wall']:.1f} s, training loop {r['train']:.1f} s, fixed {r['fixed']:.1f} s "
@@ -179,13 +183,8 @@ def bench_start_issue(data: Path, tmp: Path, repeat: int) -> None:
     made = data / "summary.json"
     outputs = json.loads(made.read_text())["outputs"] if made.exists() else run_images(cfg)["outputs"]
     stage = images_stage_configs(cfg, {k: Path(v) for k, v in outputs.items()})["train"]
-    fixed = []
-    for i in range(repeat):
-        r = one_run(stage.model_copy(update={"max_steps": 300, "output": str(tmp / f"haland-train-{i}")}))
-        fixed.append(r["fixed"])
-        print(f"  run {i + 1}: stage {r['wall']:.1f} s, training loop {r['train']:.1f} s, fixed {r['fixed']:.1f} s "
-              f"({load()})", flush=True)
-    print(f"fixed cost: {spread(fixed)}")
+    fixed_costs([stage.model_copy(update={"max_steps": 300, "output": str(tmp / f"haland-train-{i}")})
+                 for i in range(repeat)])
 
 
 def code_root() -> str:
