@@ -1,7 +1,7 @@
 """What a study's run costs on the local launcher (one process per worker) and on the in-process
 launcher (the workers as ranks of one process), at M = 16 on Fashion-MNIST with H&B's protocol.
 
-Three measurements, each a ratio against the local launcher measured in the same run:
+Four measurements, each a ratio against the local launcher measured in the same run:
 
 * ``runs``: one E1-protocol run (e1_workers, M = 16, LeNet-5 with BatchNorm) and one E3.2.4 run
   (e3_2_4_household_overlap, L_W = 32, S_H = 8), ``--steps`` steps each with the protocol's
@@ -9,6 +9,8 @@ Three measurements, each a ratio against the local launcher measured in the same
 * ``batch``: ten E3.2.4 runs (the study's runs of L_W = 32 with S_H = 8 and 2, seeds 0-4, ``--steps``
   each), the way a study runs them: one after another on each launcher, and two at once on the
   in-process one (``parallel_runs: 2``); total wall time on each launcher and the ratio (target: at least 5x);
+  with ``--issue-repo <checkout>`` also on the local launcher of that checkout's code (the code at the
+  studies issue's time, the baseline its target was set on), in a child process, on the same data;
 * ``start``: the fixed cost of a real M = 16 run on the local launcher (E1 protocol with plain
   LeNet-5, so that older code runs it too, 10 steps): the
   training stage's wall time less its training loop (process starts, plan, the final test
@@ -24,7 +26,7 @@ The data (Fashion-MNIST ingested and sharded as the studies do) comes from the s
 an idle machine; it prints the load average beside every figure.
 
     .venv/bin/python bench/study_cost.py [--only runs,batch,start,start-issue] [--steps 100] [--repeat 3]
-        [--issue-data DIR] [--repo CHECKOUT]
+        [--issue-data DIR] [--repo CHECKOUT] [--issue-repo CHECKOUT]
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def run_config(study: str, select: dict, seed: int, data: Path, launcher: str, s
 
     doc = yaml.safe_load((HERE / "configs" / "experiments" / f"{study}.yaml").read_text())
     doc = {k: v for k, v in doc.items() if k in StudyConfig.model_fields}
+    if "parallel_runs" in doc:     # one run's config (the batch's pool is the benchmark's own), any launcher
+        doc["parallel_runs"] = 1
     doc["base"] = str(HERE / doc["base"])
     doc["fixed"] = {**doc.get("fixed", {}), **(fixed or {})}
     spec = StudyConfig.model_validate(doc)
@@ -117,25 +121,89 @@ def bench_runs(data: Path, tmp: Path, steps: int) -> None:
 BATCH = [({"variant": "LW32", "shard.household_shards": sh}, seed) for sh in (8, 2) for seed in range(5)]
 
 
-def bench_batch(data: Path, tmp: Path, steps: int) -> None:
+def batch_configs(data: Path, tmp: Path, launcher: str, steps: int, name: str) -> list:
+    """The batch's train configs (their data made first, outside the timings)."""
+    return [run_config("e3_2_4_household_overlap", sel, seed, data, launcher, steps, tmp / f"{name}-{i}")
+            for i, (sel, seed) in enumerate(BATCH)]
+
+
+def one_after_another(cfgs: list, label: str) -> float:
+    """The runs one after another; their total wall time (printed with the spread of a run's)."""
+    walls = []
+    t0 = time.time()
+    for cfg in cfgs:
+        walls.append(one_run(cfg)["wall"])
+    total = time.time() - t0
+    print(f"{label}: {total:.1f} s for {len(cfgs)} runs; per run {spread(walls)} ({load()})", flush=True)
+    return total
+
+
+#: the line with which the ``batch-local`` child reports its total to the run that started it
+TOTAL = "batch-local-total"
+
+
+def issue_batch(repo: str, cfgs: list, tmp: Path) -> float:
+    """The batch's local runs (``cfgs``, made by this code on this code's data) with another checkout's
+    code (the code at the issue's time), in a child process of this run: its total wall time. A field
+    that code does not know is left out of the configs it reads."""
+    import json
+    import subprocess
+
+    path = tmp / "issue-batch.json"
+    path.write_text(json.dumps([c.model_dump(mode="json") for c in cfgs]))
+    cmd = [sys.executable, __file__, "--only", "batch-local", "--configs", str(path), "--repo", repo]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    print(out, end="", flush=True)
+    return float(next(line.split()[1] for line in out.splitlines() if line.startswith(TOTAL)))
+
+
+def batch_local(configs: Path) -> None:
+    """The child of :func:`issue_batch`: the configs in ``configs`` one after another with the code of
+    ``--repo``; the total on a line of its own."""
+    import json
+
+    from pipeline.train.config import TrainConfig
+
+    cfgs = [known_fields(TrainConfig, d) for d in json.loads(configs.read_text())]
+    print(f"{TOTAL} {one_after_another(cfgs, f'local ({code_root()})'):.3f}", flush=True)
+
+
+def known_fields(model, doc: dict):
+    """``model`` validated from ``doc`` less the fields (at any depth) that this code's model does not know."""
+    from pydantic import ValidationError
+
+    while True:
+        try:
+            return model.model_validate(doc)
+        except ValidationError as e:
+            extra = [err["loc"] for err in e.errors() if err["type"] == "extra_forbidden"]
+            if not extra:
+                raise
+            for loc in extra:
+                parent = doc
+                for key in loc[:-1]:
+                    parent = parent[key]
+                del parent[loc[-1]]
+
+
+def bench_batch(data: Path, tmp: Path, steps: int, issue_repo: str | None) -> None:
     """The batch on the local launcher and on the in-process one, one run after another, and on the
-    in-process one two runs at once (``parallel_runs: 2``, pipeline/studies/parallel.py)."""
+    in-process one two runs at once (``parallel_runs: 2``, pipeline/studies/parallel.py); with
+    ``issue_repo`` also on the local launcher of that checkout (the baseline the target was set on), on
+    the same data."""
     from pipeline.studies.parallel import RunPool
 
     print(f"\n== a batch of {len(BATCH)} E3.2.4 runs (L_W = 32, S_H = 8 and 2, seeds 0-4), {steps} steps each "
           f"({load()})")
     totals = {}
-    for launcher in ("local", "inprocess"):
-        walls = []
-        t0 = time.time()
-        for i, (sel, seed) in enumerate(BATCH):
-            cfg = run_config("e3_2_4_household_overlap", sel, seed, data, launcher, steps, tmp / f"batch-{launcher}-{i}")
-            walls.append(one_run(cfg)["wall"])
-        totals[launcher] = time.time() - t0
-        print(f"{launcher}: {totals[launcher]:.1f} s for {len(BATCH)} runs; per run {spread(walls)} ({load()})",
-              flush=True)
-    cfgs = [run_config("e3_2_4_household_overlap", sel, seed, data, "inprocess", steps, tmp / f"batch-two-{i}")
-            for i, (sel, seed) in enumerate(BATCH)]
+    local = batch_configs(data, tmp, "local", steps, "batch-local")
+    if issue_repo:
+        totals["issue"] = issue_batch(issue_repo, [c.model_copy(update={"output": str(tmp / f"batch-issue-{i}")})
+                                                   for i, c in enumerate(local)], tmp)
+    totals["local"] = one_after_another(local, "local")
+    totals["inprocess"] = one_after_another(batch_configs(data, tmp, "inprocess", steps, "batch-inprocess"),
+                                            "inprocess")
+    cfgs = batch_configs(data, tmp, "inprocess", steps, "batch-two")
     t0 = time.time()
     pool = RunPool(2)
     try:
@@ -145,8 +213,10 @@ def bench_batch(data: Path, tmp: Path, steps: int) -> None:
     totals["two"] = time.time() - t0
     print(f"inprocess, 2 at once: {totals['two']:.1f} s for {len(BATCH)} runs, the pool's start included; test "
           f"accuracies {' '.join(f'{a:.4f}' for a in accs)} ({load()})", flush=True)
-    for key, label in (("inprocess", "inprocess, one after another"), ("two", "inprocess, 2 at once")):
-        print(f"batch of {len(BATCH)}: local / {label} = {totals['local'] / totals[key]:.2f}x (target >= 5x)")
+    bases = [("local", "local")] + ([("issue", f"local at {issue_repo}")] if issue_repo else [])
+    for base, base_label in bases:
+        for key, label in (("inprocess", "inprocess, one after another"), ("two", "inprocess, 2 at once")):
+            print(f"batch of {len(BATCH)}: {base_label} / {label} = {totals[base] / totals[key]:.2f}x (target >= 5x)")
 
 
 def bench_start(data: Path, tmp: Path, repeat: int) -> None:
@@ -196,13 +266,18 @@ def code_root() -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="runs,batch,start,start-issue",
-                    help="comma-separated: runs, batch, start, start-issue")
+                    help="comma-separated: runs, batch, start, start-issue (batch-local: the child that "
+                         "--issue-repo starts, with --configs)")
     ap.add_argument("--steps", type=int, default=100, help="steps of each run in runs and batch (default 100)")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of start (default 3)")
     ap.add_argument("--data", default=str(HERE / "runs" / "studies" / "data"), help="the studies' data cache")
     ap.add_argument("--issue-data", default=None, help="start-issue: where its data is made once and reused "
                                                        "(default: a temporary directory)")
     ap.add_argument("--repo", default=None, help="measure the pipeline code of this checkout instead")
+    ap.add_argument("--issue-repo", default=None,
+                    help="batch: also run the batch on the local launcher of this checkout (the code at the "
+                         "issue's time), in a child process, on the same data")
+    ap.add_argument("--configs", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(a.repo).resolve() if a.repo else HERE))
     import logging
@@ -215,7 +290,9 @@ def main(argv=None) -> int:
         if "runs" in only:
             bench_runs(Path(a.data), tmp, a.steps)
         if "batch" in only:
-            bench_batch(Path(a.data), tmp, a.steps)
+            bench_batch(Path(a.data), tmp, a.steps, a.issue_repo)
+        if "batch-local" in only:
+            batch_local(Path(a.configs))
         if "start" in only:
             bench_start(Path(a.data), tmp, a.repeat)
         if "start-issue" in only:
