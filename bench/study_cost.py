@@ -1,14 +1,15 @@
 """What a study's run costs on the local launcher (one process per worker) and on the in-process
 launcher (the workers as ranks of one process), at M = 16 on Fashion-MNIST with H&B's protocol.
 
-Four measurements, each a ratio against the local launcher measured in the same run:
+Four measurements; ``runs`` and ``batch`` are ratios against the local launcher measured in the same run,
+``start`` and ``start-issue`` a fixed cost of this code or, with ``--repo``, another checkout's:
 
 * ``runs``: one E1-protocol run (e1_workers, M = 16, LeNet-5 with BatchNorm) and one E3.2.4 run
   (e3_2_4_household_overlap, L_W = 32, S_H = 8), ``--steps`` steps each with the protocol's
   validation: wall time of the training stage, steps/s of the training loop, and the ratio;
 * ``batch``: ten E3.2.4 runs (the study's runs of L_W = 32 with S_H = 8 and 2, seeds 0-4, ``--steps``
   each), the way a study runs them: one after another on each launcher, and two at once on the
-  in-process one (``parallel_runs: 2``); total wall time on each launcher and the ratio (target: at least 5x);
+  in-process one (``parallel_runs: 2``); total wall time on each launcher and the ratios (target: at least 5x);
   with ``--issue-repo <checkout>`` also on the local launcher of that checkout's code (the code at the
   studies issue's time, the baseline its target was set on), in a child process, on the same data;
 * ``start``: the fixed cost of a real M = 16 run on the local launcher (E1 protocol with plain
