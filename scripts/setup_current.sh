@@ -8,7 +8,8 @@ VENV=${VENV_CURRENT:-.venv-current}
 source scripts/venv.sh
 quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
 echo "[setup-current] installing the current stack (requirements-current.txt) ..."
-"$PY" -m pip install -q --disable-pip-version-check -r requirements-current.txt 2>&1 | quiet
+"$PY" -m pip install -q --disable-pip-version-check --no-compile -r requirements-current.txt 2>&1 | quiet
+compile_venv
 "$PY" -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt 2>&1 | quiet
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | quiet
 "$PY" - <<'PYCHECK' || { echo "[setup-current] error: the current stack did not install as locked" >&2; exit 1; }

@@ -8,3 +8,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+# The stack installs without pip's bytecode compilation (one file after another on one core) and is
+# compiled after by compile_venv on every core: 154 s -> 81 + 41 s for requirements.txt on 2 cores. The
+# bytecode must be there: with PYTHONDONTWRITEBYTECODE set, every process would compile torch again.
+# compileall's exit status is not checked: a package's files of Python 2 syntax fail, as under pip.
+compile_venv() { "$PY" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true; }
