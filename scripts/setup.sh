@@ -12,9 +12,6 @@ compile_venv
 "$PY" -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt 2>&1 | grep -v "is ignored" || true
 "$PY" -c "import torch, pyspark, petastorm, uproot, awkward, airflow" || { echo "[setup] error: the stack did not install" >&2; exit 1; }
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
-# the package's bytecode (pipeline/__pycache__, ignored by git): with PYTHONDONTWRITEBYTECODE set, each
-# process that imports all of pipeline/ would otherwise compile it again (0.9 -> 0.6 s)
-"$PY" -m compileall -q pipeline >/dev/null
 bash scripts/build_horovod.sh "$PY" 2>&1 | grep -v "is ignored: it is neither" || true
 "$PY" -c "import horovod.torch" || { echo "[setup] error: horovod did not build" >&2; exit 1; }
 bash scripts/spark_launchers.sh "$VENV"   # .venv/bin/spark-submit works without activating the virtualenv
