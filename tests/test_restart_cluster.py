@@ -35,20 +35,15 @@ def _base(man, **kw):
 
 
 @pytest.fixture(scope="module")
-def two_workers(spark, tmp_path_factory):
-    """2-worker shards and the uninterrupted run per Spark launcher, each trained once for the module:
-    the Horovod kill and hang drills compare with the same run (``stall_timeout`` only bounds a wait
-    for a dead peer; it changes no step of a run that has none)."""
+def two_workers(tmp_path_factory):
+    """2-worker shards and the uninterrupted run, trained once for the module on the in-process
+    launcher: with 2 ranks an average has one order of the sum, so its steps are bit for bit those of
+    every launcher (tests/test_inprocess_launcher.py). The kill drill of each Spark launcher and the
+    Horovod hang drill compare with it (``stall_timeout`` only bounds a wait for a dead peer; it changes
+    no step of a run that has none)."""
     root = tmp_path_factory.mktemp("two-workers")
     man = _shards(root, 2)
-    refs: dict[str, dict] = {}
-
-    def ref(launcher: str) -> dict:
-        if launcher not in refs:
-            refs[launcher] = train(TrainConfig(output=str(root / f"ref-{launcher}"), **_base(man, launcher=launcher)),
-                                   spark)
-        return refs[launcher]
-
+    ref = train(TrainConfig(output=str(root / "ref"), **_base(man, launcher="inprocess")))
     return man, ref
 
 
@@ -64,12 +59,11 @@ def _check_restart(run: dict, ref: dict, worker, from_step: int) -> None:
     assert sum(m["kind"] == "restart" for m in recs) == 1
 
 
-@pytest.mark.timeout(600)  # about 60 s; a survivor blocked on its dead peer is ended after stall_timeout
+@pytest.mark.timeout(600)  # about 30 s; a survivor blocked on its dead peer is ended after stall_timeout
 @pytest.mark.parametrize("launcher", [pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
 def test_a_killed_spark_worker_is_relaunched_from_the_newest_checkpoint(spark, two_workers, tmp_path, launcher):
-    man, uninterrupted = two_workers
+    man, ref = two_workers
     base = _base(man, launcher=launcher)
-    ref = uninterrupted(launcher)
     run = train(TrainConfig(output=str(tmp_path / "run"), debug=KILL, **base), spark)
     _check_restart(run, ref, None, 6)
 
@@ -80,9 +74,8 @@ def test_a_blocked_horovod_worker_is_ended_by_the_watchdog_and_the_run_relaunche
     """Rank 1 blocks for good after step 7 (a deadlock); rank 0 then waits in its next allreduce.
     Both watchdogs end their processes after stall_timeout, Horovod reports the failed launch,
     and the relaunch from step 6 ends like the uninterrupted run."""
-    man, uninterrupted = two_workers
+    man, ref = two_workers
     base = _base(man, launcher="horovod", stall_timeout=20)
-    ref = uninterrupted("horovod")
     t0 = time.monotonic()
     run = train(TrainConfig(output=str(tmp_path / "run"), debug={**KILL, "fail_mode": "hang"}, **base), spark)
     _check_restart(run, ref, None, 6)
