@@ -154,17 +154,18 @@ def classify(command: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def upstream(spark, tmp_path_factory) -> Path:
     """``runs/`` as ``make run`` and ``make run-images`` leave it, from the same workflows and
-    configs, smaller (300 events per class, scikit-learn's 1,797 digits, one local epoch)."""
+    configs, smaller (300 events per class, scikit-learn's 1,797 digits, one epoch with the workers as
+    ranks of this process)."""
     from pipeline.config import load_config
     from pipeline.workflows import HepRunConfig, ImagesRunConfig, run_hep, run_images
 
     runs = tmp_path_factory.mktemp("upstream") / "runs"
     hep = load_config(HepRunConfig, REPO / "configs" / "run_hep.yaml", [
         f"output_root={runs / 'hep'}", "events_per_class=300", "real_samples=false", "simulate.progress=false",
-        "train.launcher=local", "train.epochs=1", "train.progress=false"])
+        "train.launcher=inprocess", "train.epochs=1", "train.progress=false"])
     run_hep(hep, spark)
     images = load_config(ImagesRunConfig, REPO / "configs" / "run_images.yaml", [
-        f"output_root={runs / 'images'}", "ingest.source=sklearn_digits", "train.launcher=local", "train.epochs=1",
+        f"output_root={runs / 'images'}", "ingest.source=sklearn_digits", "train.launcher=inprocess", "train.epochs=1",
         "train.progress=false"])
     run_images(images, spark)
     return runs

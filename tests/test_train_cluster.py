@@ -1,8 +1,7 @@
 """Not only local[*]: a Spark standalone cluster on localhost (a master and two 1-core workers that
-share the driver's disk, tests/cluster_fixtures.py) runs a 2-worker training through
-``spark-submit jobs/train.py --master spark://...`` with each launcher; then it is stopped.
-Both launchers train the same seeded AR-SGD run, so their final parameters agree. (The cluster whose
-workers share no disk with the driver: tests/test_cluster_isolated.py.)"""
+share the driver's disk, tests/cluster_fixtures.py) runs a 2-worker Horovod training through
+``spark-submit jobs/train.py --master spark://...``; then it is stopped. (The cluster whose workers
+share no disk with the driver, with TorchDistributor and Horovod: tests/test_cluster_isolated.py.)"""
 from __future__ import annotations
 
 import json
@@ -24,17 +23,27 @@ def standalone(tmp_path):
 
 @pytest.mark.timeout(2400)
 @pytest.mark.needs_horovod
-def test_two_worker_training_on_a_standalone_cluster_with_each_launcher(standalone, digit_shards_2, tmp_path):
-    params = {}
-    for launcher in ("horovod", "torch"):
-        out = tmp_path / f"train_{launcher}"
-        r = standalone.submit("jobs/train.py", "--manifest", str(digit_shards_2), "--output", str(out),
-                              "--launcher", launcher, "--max_steps", "6", "--epochs", "1", "--batch_size", "16",
-                              "--progress", "false")
-        assert r.returncode == 0, r.stderr[-3000:] + standalone.executor_logs()
-        s = json.loads((out / "summary.json").read_text())
-        assert s["launcher"] == launcher and s["workers"] == 2 and s["steps"] == 6
-        assert len(set(s["final_digests"])) == 1
-        params[launcher] = torch.load(out / "model.pt", weights_only=False)["model"]
-    for k, v in params["horovod"].items():
-        assert torch.allclose(v, params["torch"][k], atol=1e-6), k
+def test_two_worker_horovod_training_on_a_standalone_cluster_equals_the_run_in_one_process(standalone,
+                                                                                           digit_shards_2, tmp_path):
+    """Horovod-on-Spark through ``spark-submit --master spark://...``, the output on the disk the
+    driver and workers share: the model equals the same seeded AR-SGD run with the workers as ranks
+    of this process (2 ranks: the same steps bit for bit). TorchDistributor on a cluster is compared
+    with the same in-process run in tests/test_cluster_isolated.py (its training test), so the two
+    launchers agree through it."""
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+
+    args = {"max_steps": 6, "epochs": 1, "batch_size": 16, "progress": False}
+    out = tmp_path / "train_horovod"
+    r = standalone.submit("jobs/train.py", "--manifest", str(digit_shards_2), "--output", str(out),
+                          "--launcher", "horovod", *[x for k, v in args.items() for x in (f"--{k}", str(v).lower())])
+    assert r.returncode == 0, r.stderr[-3000:] + standalone.executor_logs()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["launcher"] == "horovod" and s["workers"] == 2 and s["steps"] == 6
+    assert len(set(s["final_digests"])) == 1
+    ref = train(TrainConfig(manifest=str(digit_shards_2), output=str(tmp_path / "ref"), launcher="inprocess", **args))
+    assert ref["steps"] == 6
+    got = torch.load(out / "model.pt", weights_only=False)["model"]
+    want = torch.load(tmp_path / "ref" / "model.pt", weights_only=False)["model"]
+    for k, v in want.items():
+        assert torch.allclose(v, got[k], atol=1e-6), k
