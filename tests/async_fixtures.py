@@ -125,10 +125,13 @@ def run_procs(fn, world: int, *args, timeout: float = 90.0, expect: int | None =
         procs = [ctx.Process(target=_report, args=(fn, r, world, port, q, args), daemon=True) for r in range(world)]
         for p in procs:
             p.start()
+        out: dict = {}
         try:
-            return _collect(q, world, expect, timeout)[0]
-        finally:
-            _stop(procs)
+            out = _collect(q, world, expect, timeout)[0]
+            return out
+        finally:   # a rank that never reported (killed, frozen, hung) gets no grace: its end is not under test
+            _stop([p for r, p in enumerate(procs) if r not in out], grace=0)
+            _stop([p for r, p in enumerate(procs) if r in out])
     pool = _POOLS.pop(world, None)
     if pool is None or not pool.healthy():
         if pool is not None:
