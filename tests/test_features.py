@@ -718,7 +718,7 @@ def test_llf_output_trains_the_particle_models_through_the_shards(spark, three_s
         np.testing.assert_array_equal(x[:len(real)], real)
         assert len(real) == 19 * src.n_particles[sid] and not x[len(real):].any()
     s = train(TrainConfig(manifest=str(tmp_path / "shards" / "manifest.json"), output=str(tmp_path / "run"),
-                          launcher="local", model=model, epochs=2, batch_size=8, optimizer="adam", lr=0.001,
+                          launcher="inprocess", model=model, epochs=2, batch_size=8, optimizer="adam", lr=0.001,
                           progress=False))
     # full batches only: 2 epochs of rows // 8 steps
     assert s["steps"] == 2 * (man["workers"][0]["rows"] // 8) >= 2 and math.isfinite(s["test_loss"]), s
