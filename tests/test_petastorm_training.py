@@ -79,6 +79,8 @@ def native_hlf_accuracy(spark, hlf_shards, tmp_path_factory) -> list[float]:
             for seed in (1, 2)]
 
 
+# slow (20-30 s each): a Spark launcher's two worker processes reading through Petastorm for 8 epochs, the
+# least that separates a working reader from chance (the reference runs in this process)
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("launcher", [pytest.param("horovod", marks=pytest.mark.needs_horovod), "torch"])
 def test_hlf_through_petastorm_reaches_the_native_engines_accuracy(launcher, spark, hlf_shards, native_hlf_accuracy,

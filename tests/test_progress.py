@@ -35,6 +35,8 @@ def digit_shards(spark, tmp_path_factory) -> Path:
     return root / "shards" / "manifest.json"
 
 
+# slow (about 40 s): what is under test is a new shell's job with its own JVM and the output of two Horovod
+# worker processes (each imports torch); one epoch with two validations is the least that shows both
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_a_two_worker_horovod_run_prints_whole_lines(digit_shards, tmp_path):

@@ -21,6 +21,8 @@ def standalone(tmp_path):
         yield cluster
 
 
+# slow (about 50 s): a standalone cluster (a master and two worker JVMs), one spark-submit whose executors
+# start two Horovod processes; the same run in one process takes seconds of it
 @pytest.mark.timeout(2400)
 @pytest.mark.needs_horovod
 def test_two_worker_horovod_training_on_a_standalone_cluster_equals_the_run_in_one_process(standalone,

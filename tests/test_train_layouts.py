@@ -32,6 +32,8 @@ def _spark_submit(args: list[str], timeout: int = 1200) -> subprocess.CompletedP
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# slow (about 35 s): four Horovod processes (each imports torch) under a spark-submit of their own on 2 cores;
+# the batch of 32 or more keeps the run to a few dozen steps
 @pytest.mark.timeout(2400)
 @pytest.mark.needs_horovod
 def test_layouts_plan_the_same_samples_and_a_four_worker_run_follows_the_plan(spark, digits_dataset, tmp_path):
