@@ -33,7 +33,7 @@ def _spark_submit(args: list[str], timeout: int = 1200) -> subprocess.CompletedP
 
 
 # slow (about 35 s): four Horovod processes (each imports torch) under a spark-submit of their own on 2 cores;
-# the batch of 32 or more keeps the run to a few dozen steps
+# a local batch of 32 or more keeps its steps few
 @pytest.mark.timeout(2400)
 @pytest.mark.needs_horovod
 def test_layouts_plan_the_same_samples_and_a_four_worker_run_follows_the_plan(spark, digits_dataset, tmp_path):
@@ -47,7 +47,7 @@ def test_layouts_plan_the_same_samples_and_a_four_worker_run_follows_the_plan(sp
     n = mf["n_train_samples"]
     assert md["n_train_samples"] == n
     # a local batch for which both layouts split evenly into whole steps (the rule's exact case), from 32
-    # up: the 4-worker run below takes about 40 steps instead of the 150 of a batch of 8
+    # up: the 4-worker run below takes fewer, larger steps than at a batch from 8 up
     b = next(b for b in range(32, 129) if 4 * (min(w["rows"] for w in md["workers"]) // b) == n // b)
     epochs = 4
     plans = {name: plan_train(TrainConfig(manifest=str(man), output=str(tmp_path / name), epochs=epochs,
