@@ -154,13 +154,13 @@ _TRAIN = ("--epochs", "1", "--batch_size", "16", "--max_steps", "8", "--checkpoi
 def test_training_ranks_write_their_outputs_to_the_store_from_the_workers(cluster, s3, digit_shards_s3, tmp_path):
     """Rank 0 runs on a worker that cannot see the driver's disk: its metrics and model reach the
     store directly and the driver commits them; both ranks' checkpoints are there too. The model
-    equals the same run's on one machine (the in-process launcher: 2 ranks, the same steps bit for bit)."""
+    equals the same run's in this process (``inprocess_reference``)."""
     import torch
 
     from pipeline import fs
     from pipeline.train.config import TrainConfig
-    from pipeline.train.launch import train
     from servers import environment
+    from train_fixtures import inprocess_reference
 
     b = f"s3://{s3.bucket}/train-cluster"
     r = cluster.submit(str(REPO / "jobs" / "train.py"), "--manifest", digit_shards_s3, "--output", f"{b}/run",
@@ -176,8 +176,8 @@ def test_training_ranks_write_their_outputs_to_the_store_from_the_workers(cluste
         metrics = [json.loads(x) for x in fs.read_bytes(fs.location(f"{b}/run/metrics.jsonl")).decode().splitlines()]
         assert metrics[-1]["split"] == "test" and metrics[-1]["accuracy"] == summary["test_accuracy"]
         model = torch.load(io.BytesIO(fs.read_bytes(fs.location(f"{b}/run/model.pt"))), weights_only=True)["model"]
-        ref = train(TrainConfig(manifest=digit_shards_s3, output=str(tmp_path / "ref"), launcher="inprocess",
-                                **{k.lstrip("-"): v for k, v in zip(_TRAIN[::2], _TRAIN[1::2])}))
+        ref = inprocess_reference(TrainConfig(manifest=digit_shards_s3, output=str(tmp_path / "ref"),
+                                              **{k.lstrip("-"): v for k, v in zip(_TRAIN[::2], _TRAIN[1::2])}))
     local = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)["model"]
     assert ref["steps"] == 8
     for k, v in local.items():

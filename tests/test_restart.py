@@ -200,9 +200,9 @@ def test_a_killed_worker_is_relaunched_and_the_run_ends_bit_identical(tmp_path, 
 
     man = _shards(tmp_path)
     base = _base(man, algorithm=ALGORITHMS[algo])
-    # the uninterrupted run with the workers as ranks of this process: with 2 ranks an average has one
-    # order of the sum, so its steps are the local launcher's bit for bit (tests/test_inprocess_launcher.py)
-    ref = train(TrainConfig(output=str(tmp_path / "ref"), **{**base, "launcher": "inprocess"}))
+    from train_fixtures import inprocess_reference
+
+    ref = inprocess_reference(TrainConfig(output=str(tmp_path / "ref"), **base))   # the uninterrupted run
     assert ref["steps"] == 16 and ref["restarts"] == []
     run = train(TrainConfig(output=str(tmp_path / "run"), debug={"fail_at_step": 12, "fail_rank": 1,
                                                                  "fail_mode": "kill"}, **base))

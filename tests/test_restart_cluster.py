@@ -11,6 +11,8 @@ import pytest
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
 
+from train_fixtures import inprocess_reference
+
 pytest_plugins = ["train_fixtures"]
 pytestmark = [pytest.mark.cluster, pytest.mark.slow,
               # horovod.spark's background thread reports the Spark job it cancels after the kill
@@ -36,14 +38,12 @@ def _base(man, **kw):
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """2-worker shards and the uninterrupted run, trained once for the module on the in-process
-    launcher: with 2 ranks an average has one order of the sum, so its steps are bit for bit those of
-    every launcher (tests/test_inprocess_launcher.py). The kill drill of each Spark launcher and the
-    Horovod hang drill compare with it (``stall_timeout`` only bounds a wait for a dead peer; it changes
-    no step of a run that has none)."""
+    """2-worker shards and the uninterrupted run, trained once for the module in this process
+    (``inprocess_reference``): the kill drill of each Spark launcher and the Horovod hang drill compare
+    with it (``stall_timeout`` only bounds a wait for a dead peer; it changes no step of a run that has none)."""
     root = tmp_path_factory.mktemp("two-workers")
     man = _shards(root, 2)
-    ref = train(TrainConfig(output=str(root / "ref"), **_base(man, launcher="inprocess")))
+    ref = inprocess_reference(TrainConfig(output=str(root / "ref"), **_base(man)))
     return man, ref
 
 

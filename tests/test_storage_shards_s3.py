@@ -144,10 +144,10 @@ def test_training_from_the_s3_manifest_equals_the_local_run(s3, sharded, tmp_pat
     local, uri = sharded["local"], sharded["uri"]
     base = dict(launcher="local", epochs=1, batch_size=16, max_steps=6, optimizer="sgd", lr=0.05,
                 progress=False, max_restarts=0)
-    # the local shards' run with the workers as ranks of this process (2 ranks: the local launcher's steps
-    # bit for bit, tests/test_inprocess_launcher.py); the run from the store starts the local launcher's processes
-    ref = train(TrainConfig(manifest=str(local / "manifest.json"), output=str(tmp_path / "ref"),
-                            **{**base, "launcher": "inprocess"}))
+    from train_fixtures import inprocess_reference
+
+    # the local shards' run in this process; the run from the store starts the local launcher's processes
+    ref = inprocess_reference(TrainConfig(manifest=str(local / "manifest.json"), output=str(tmp_path / "ref"), **base))
     with environment(**s3.env("reader")):         # the shards are only read
         got = train(TrainConfig(manifest=f"{uri}/manifest.json", output=str(tmp_path / "s3"), **base))
     assert got["steps"] == ref["steps"] == 6 and got["workers"] == 2

@@ -28,12 +28,12 @@ def standalone(tmp_path):
 def test_two_worker_horovod_training_on_a_standalone_cluster_equals_the_run_in_one_process(standalone,
                                                                                            digit_shards_2, tmp_path):
     """Horovod-on-Spark through ``spark-submit --master spark://...``, the output on the disk the
-    driver and workers share: the model equals the same seeded AR-SGD run with the workers as ranks
-    of this process (2 ranks: the same steps bit for bit). TorchDistributor on a cluster is compared
+    driver and workers share: the model equals the same seeded AR-SGD run in this process
+    (``inprocess_reference``). TorchDistributor on a cluster is compared
     with the same in-process run in tests/test_cluster_isolated.py (its training test), so the two
     launchers agree through it."""
     from pipeline.train.config import TrainConfig
-    from pipeline.train.launch import train
+    from train_fixtures import inprocess_reference
 
     args = {"max_steps": 6, "epochs": 1, "batch_size": 16, "progress": False}
     out = tmp_path / "train_horovod"
@@ -43,7 +43,7 @@ def test_two_worker_horovod_training_on_a_standalone_cluster_equals_the_run_in_o
     s = json.loads((out / "summary.json").read_text())
     assert s["launcher"] == "horovod" and s["workers"] == 2 and s["steps"] == 6
     assert len(set(s["final_digests"])) == 1
-    ref = train(TrainConfig(manifest=str(digit_shards_2), output=str(tmp_path / "ref"), launcher="inprocess", **args))
+    ref = inprocess_reference(TrainConfig(manifest=str(digit_shards_2), output=str(tmp_path / "ref"), **args))
     assert ref["steps"] == 6
     got = torch.load(out / "model.pt", weights_only=False)["model"]
     want = torch.load(tmp_path / "ref" / "model.pt", weights_only=False)["model"]

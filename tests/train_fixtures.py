@@ -150,3 +150,15 @@ def torch_checks(spark) -> list[dict]:
     from pipeline.train.selfcheck import launch_checks
 
     return launch_checks("torch", 2, ALL_CHECKS, spark, torch_local_mode=False)
+
+
+def inprocess_reference(cfg) -> dict:
+    """The run of TrainConfig ``cfg`` with its workers as ranks of this process: the reference a test
+    compares a launcher's run with. Only for 2 workers: an average of two has one order of the sum, so
+    the steps are every launcher's bit for bit (tests/test_inprocess_launcher.py); gloo sums more ranks
+    in another order, and their digests differ."""
+    from pipeline.train.launch import train
+
+    ref = train(cfg.model_copy(update={"launcher": "inprocess"}))
+    assert ref["workers"] == 2, f"an in-process reference of {ref['workers']} workers is not bit for bit"
+    return ref
