@@ -54,7 +54,9 @@ def run_steps(w: Worker) -> dict:
             raise RuntimeError(f"worker {w.rank}: shard {w.shard.path} gave {done} batches in epoch {epoch}, "
                                f"expected {todo}")
         epoch, offset = epoch + 1, 0
-    pending = w.meter.interval["n"] > 0 and w.step % w.plan.eval_every != 0
+    # the loop never validates at the last step (it may be a multiple of eval_every): finish does,
+    # whenever a step was taken since the last record, so every run is scored at its final step
+    pending = w.meter.interval["n"] > 0
     return w.finish(log_val=pending, last_checkpoint=last_ckpt)
 
 
