@@ -140,3 +140,99 @@ def test_each_local_run_reaches_its_own_relay(digit_shards, tmp_path, capsys):
         err = capsys.readouterr().err
         seen.append([ln for ln in err.splitlines() if re.match(r"^\[train\] step \d+ epoch [\d.]+ val loss", ln)])
     assert [len(s) >= 1 for s in seen] == [True, True], seen
+
+
+# ---------------------------------------------------------------------------- the relay's bounds
+# The relay listens on spark.driver.host, which every machine of the cluster network reaches: what
+# it reads from a connection and how many connections it serves are bounded before anyone proved
+# they hold the run's token.
+
+def _relay_address(env):
+    import json
+
+    from pipeline.train import progress
+
+    host, port, token = env[progress.ENV].rsplit(":", 2)
+    return (host, int(port)), (json.dumps({"token": token}) + "\n").encode()   # what a worker sends first
+
+
+def _closed_by_relay(s, within_s: float) -> bool:
+    """Whether the relay closes ``s`` within ``within_s`` (EOF or reset on a read)."""
+    import socket
+
+    s.settimeout(within_s)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_a_sender_without_the_token_is_cut_off_after_the_tokens_length():
+    """The token is checked first, on as many bytes as it has: a wrong one followed by a line that
+    never ends is refused at once, not read until its end."""
+    import socket
+
+    from pipeline.train import progress
+
+    with progress.relay(True, "127.0.0.1", stream=io.StringIO(), interval_s=0.0) as env:
+        addr, token = _relay_address(env)
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(b"0" * len(token) + b"x" * 1000)     # as long as the greeting, then no line end
+            assert _closed_by_relay(s, 3.0), "the relay kept reading a connection whose token is wrong"
+
+
+def test_an_oversize_line_is_refused_without_being_buffered():
+    """A line over the relay's limit from a sender with the token closes its connection after at
+    most that limit (plus the sockets' buffers), never the whole line (64 MiB sent here)."""
+    import socket
+
+    from pipeline.train import progress
+
+    total, chunk = 64 << 20, b"x" * (1 << 20)
+    shown = io.StringIO()
+    with progress.relay(True, "127.0.0.1", stream=shown, interval_s=0.0) as env:
+        addr, token = _relay_address(env)
+        sent = 0
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(token + b'{"line": "')
+            try:
+                while sent < total:
+                    s.sendall(chunk)
+                    sent += len(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            except socket.timeout:
+                pytest.fail(f"the relay stopped reading after {sent >> 20} MiB but did not close the connection")
+    # loopback socket buffers hold a few MiB; the relay itself holds at most its line limit
+    assert sent < 24 << 20, f"the relay accepted {sent >> 20} MiB of one line"
+    assert "xxx" not in shown.getvalue()
+
+
+def test_idle_connections_neither_make_threads_nor_stay_open():
+    """300 connections that send nothing: the relay starts no thread for them, closes each after
+    its hello timeout, and still serves a sender with the token."""
+    import json
+    import socket
+    import threading
+    import time
+
+    from pipeline.train import progress
+
+    shown = io.StringIO()
+    with progress.relay(True, "127.0.0.1", stream=shown, interval_s=0.0) as env:
+        addr, token = _relay_address(env)
+        before = threading.active_count()
+        idle = [socket.create_connection(addr, timeout=10) for _ in range(300)]
+        time.sleep(0.5)
+        assert threading.active_count() - before <= 1, threading.active_count() - before
+        deadline = time.monotonic() + progress.HELLO_TIMEOUT_S + 3.0
+        open_ = [s for s in idle if not _closed_by_relay(s, max(0.01, deadline - time.monotonic()))]
+        assert open_ == [], f"{len(open_)} idle connections still open after the hello timeout"
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(token + (json.dumps({"line": "still served"}) + "\n").encode())
+            time.sleep(0.3)
+        for s in idle:
+            s.close()
+    assert "still served" in shown.getvalue()

@@ -13,9 +13,12 @@ shows the same whole lines itself.
 """
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import os
 import secrets
+import selectors
 import socket
 import threading
 import time
@@ -24,11 +27,28 @@ from typing import Iterator, Optional, TextIO
 
 from ..progress import INTERVAL_S, Display
 
+log = logging.getLogger(__name__)
+
 ENV = "PIPELINE_PROGRESS"
 _SEND_EVERY_S = 0.5         # a worker reports its count at most this often (and at the end of a bar)
 
 
 # ---------------------------------------------------------------------------- the driver
+#: the relay listens on ``spark.driver.host``, which the whole cluster network reaches. So, before a
+#: connection proved it holds the run's token, the relay reads no more than the greeting's length and
+#: waits for it at most this long; a token holder's line may be at most MAX_LINE bytes; and one
+#: thread serves every connection, at most MAX_PENDING of them unproven at a time.
+HELLO_TIMEOUT_S = 2.0
+MAX_LINE = 64 << 10
+MAX_PENDING = 32
+MAX_SERVED = 8
+
+
+def greeting(token: str) -> bytes:
+    """What a worker sends first: the run's token, as one JSON line."""
+    return (json.dumps({"token": token}) + "\n").encode()
+
+
 @contextmanager
 def relay(enabled: bool, host: str = "127.0.0.1", stream: Optional[TextIO] = None,
           interval_s: float = INTERVAL_S) -> Iterator[dict]:
@@ -48,7 +68,10 @@ def relay(enabled: bool, host: str = "127.0.0.1", stream: Optional[TextIO] = Non
     display = Display(stream, interval_s, prefix="[train] ")
     before = os.environ.get(ENV)
     os.environ.update(env)
-    threading.Thread(target=_accept, args=(server, token, display), name="progress-relay", daemon=True).start()
+    stop = threading.Event()
+    loop = threading.Thread(target=_serve, args=(server, greeting(token), display, stop), name="progress-relay",
+                            daemon=True)
+    loop.start()
     try:
         yield env
     finally:
@@ -57,6 +80,8 @@ def relay(enabled: bool, host: str = "127.0.0.1", stream: Optional[TextIO] = Non
         else:
             os.environ[ENV] = before
         time.sleep(0.1)           # the last lines of a worker that just finished
+        stop.set()
+        loop.join(5)
         server.close()
         display.close()
 
@@ -71,28 +96,97 @@ def worker_env() -> dict:
     return {ENV: os.environ[ENV]} if os.environ.get(ENV) else {}
 
 
-def _accept(server: socket.socket, token: str, display: Display) -> None:
-    while True:
-        try:
-            conn, _ = server.accept()
-        except OSError:           # closed at the end of the run
-            return
-        threading.Thread(target=_serve, args=(conn, token, display), daemon=True).start()
+class _Conn:
+    """One connection: unproven (reading the greeting, with a deadline) or serving lines."""
+
+    def __init__(self, sock: socket.socket, peer) -> None:
+        self.sock, self.peer = sock, peer
+        self.buf = bytearray()
+        self.proven = False
+        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
 
 
-def _serve(conn: socket.socket, token: str, display: Display) -> None:
-    with conn, conn.makefile("r", encoding="utf-8", errors="replace") as f:
-        try:
-            if json.loads(f.readline() or "{}").get("token") != token:
-                return
-            for raw in f:
-                msg = json.loads(raw)
-                if "line" in msg:
-                    display.line(str(msg["line"]))
-                else:
-                    display.progress(str(msg["desc"]), int(msg["n"]), int(msg["total"]), _unit(str(msg["desc"])))
-        except (OSError, ValueError, KeyError):
-            return
+def _serve(server: socket.socket, hello: bytes, display: Display, stop: threading.Event) -> None:
+    """The relay's one thread: accept, check each connection's greeting first, then show its lines."""
+    sel = selectors.DefaultSelector()
+    server.setblocking(False)
+    sel.register(server, selectors.EVENT_READ, None)
+    conns: dict[socket.socket, _Conn] = {}
+
+    def drop(c: _Conn) -> None:
+        sel.unregister(c.sock)
+        conns.pop(c.sock, None)
+        c.sock.close()
+
+    try:
+        while not stop.is_set():
+            for key, _ in sel.select(timeout=0.1):
+                if key.data is None:
+                    _accept(server, sel, conns)
+                elif not _read(key.data, hello, display):
+                    drop(key.data)
+            now = time.monotonic()
+            for c in [c for c in conns.values() if not c.proven and now > c.deadline]:
+                drop(c)
+    finally:
+        for c in list(conns.values()):
+            drop(c)
+        sel.close()
+
+
+def _accept(server: socket.socket, sel, conns: dict) -> None:
+    try:
+        sock, peer = server.accept()
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:               # closed at the end of the run
+        return
+    pending = sum(1 for c in conns.values() if not c.proven)
+    served = len(conns) - pending
+    if pending >= MAX_PENDING or served >= MAX_SERVED:
+        sock.close()              # refused: no thread, no buffer
+        return
+    sock.setblocking(False)
+    c = _Conn(sock, peer)
+    conns[sock] = c
+    sel.register(sock, selectors.EVENT_READ, c)
+
+
+def _read(c: _Conn, hello: bytes, display: Display) -> bool:
+    """Read what ``c`` sent; False when it is to be closed (end, wrong token, oversize or bad line)."""
+    want = len(hello) - len(c.buf) if not c.proven else MAX_LINE + 1 - len(c.buf)
+    try:
+        data = c.sock.recv(max(1, min(want, 1 << 16)))
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    if not data:
+        return False
+    c.buf += data
+    if not c.proven:              # the token first, on exactly the greeting's length
+        if len(c.buf) < len(hello):
+            return True
+        if not hmac.compare_digest(bytes(c.buf), hello):
+            return False
+        c.proven, c.buf = True, bytearray()
+        return True
+    *lines, rest = c.buf.split(b"\n")
+    if len(rest) > MAX_LINE:
+        log.warning("progress relay: a line of over %d bytes from %s:%s refused; its connection is closed",
+                    MAX_LINE, *c.peer[:2])
+        return False
+    c.buf = bytearray(rest)
+    try:
+        for raw in lines:
+            msg = json.loads(raw.decode("utf-8", errors="replace"))
+            if "line" in msg:
+                display.line(str(msg["line"]))
+            else:
+                display.progress(str(msg["desc"]), int(msg["n"]), int(msg["total"]), _unit(str(msg["desc"])))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------- a worker
@@ -108,7 +202,7 @@ class _Sink:
             host, port, token = addr.rsplit(":", 2)
             try:
                 self.sock = socket.create_connection((host, int(port)), timeout=10)
-                self._send({"token": token})
+                self.sock.sendall(greeting(token))
             except (OSError, ValueError):
                 self.sock = None
         if self.sock is None:
