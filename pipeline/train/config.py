@@ -62,6 +62,70 @@ class TrackingConfig(BaseModel):
     experiment: Optional[str] = Field(None, description="MLflow experiment (default: train, or the study name)")
 
 
+class ClusterConfig(BaseModel):
+    """The cluster a run is costed on by the cost model (``pipeline.train.comm.costmodel``):
+    nodes, ranks per node, and the latency and bandwidth of the links between and inside nodes, from a
+    preset or given. Unset (the default): every collective and message costs ``simulated_clock``'s
+    ``latency_s + bytes / bytes_per_s``, as before the cluster model."""
+
+    model_config = ConfigDict(extra="forbid")
+    preset: Optional[str] = Field(None, description="link technology: gbe1 | gbe10 | ib100 | nvlink (numbers and "
+                                                    "sources in docs/training.md); the fields below override it")
+    nodes: Optional[int] = Field(None, gt=0, description="nodes (default 1)")
+    ranks_per_node: Optional[int] = Field(None, gt=0, description="ranks per node, placed in blocks (default: "
+                                                                  "workers / nodes, rounded up)")
+    inter_latency_s: Optional[float] = Field(None, ge=0, allow_inf_nan=False, description="latency between nodes")
+    inter_bytes_per_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="bandwidth between "
+                                                                                             "nodes (bytes/s)")
+    intra_latency_s: Optional[float] = Field(None, ge=0, allow_inf_nan=False, description="latency inside a node")
+    intra_bytes_per_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="bandwidth inside a "
+                                                                                             "node (bytes/s)")
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="whose collective algorithms are costed")
+    allreduce: Literal["auto", "ring", "tree", "hierarchical"] = Field(
+        "auto", description="auto: what the backend picks (gloo: ring; nccl: the cheaper of ring and tree) | ring | "
+                            "tree (nccl) | hierarchical (Horovod: inside nodes, across nodes, inside nodes)")
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.preset, self.nodes, self.ranks_per_node, self.inter_latency_s,
+                                           self.inter_bytes_per_s, self.intra_latency_s, self.intra_bytes_per_s))
+
+    @model_validator(mode="after")
+    def _valid(self):
+        from .comm.costmodel import PRESETS
+
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ConfigError(f"invalid config value cluster.preset={self.preset!r}: one of {', '.join(PRESETS)}")
+        if self.enabled and self.preset is None:
+            missing = [k for k in ("inter_latency_s", "inter_bytes_per_s") if getattr(self, k) is None]
+            if missing:
+                raise ConfigError(f"invalid config value cluster.{missing[0]}=None: without a preset the cluster "
+                                  f"needs inter_latency_s and inter_bytes_per_s")
+        if self.allreduce == "tree" and self.backend != "nccl":
+            raise ConfigError("invalid config value cluster.allreduce='tree': needs cluster.backend='nccl' (gloo's "
+                              "allreduce is a ring)")
+        return self
+
+    def resolve(self, world: int):
+        """The :class:`~.comm.costmodel.Cluster` of a run of ``world`` ranks (None when unset)."""
+        from .comm.costmodel import Cluster, Link, preset
+
+        if not self.enabled:
+            return None
+        nodes = self.nodes or 1
+        per_node = self.ranks_per_node or -(-int(world) // nodes)
+        if nodes * per_node < int(world):
+            raise ConfigError(f"invalid config value cluster.ranks_per_node={per_node}: {nodes} nodes x {per_node} "
+                              f"ranks hold fewer than the run's {world} workers")
+        base = preset(self.preset) if self.preset else None
+        inter = Link(self.inter_latency_s if self.inter_latency_s is not None else base.inter.latency_s,
+                     self.inter_bytes_per_s if self.inter_bytes_per_s is not None else base.inter.bytes_per_s)
+        intra_default = base.intra if base else inter
+        intra = Link(self.intra_latency_s if self.intra_latency_s is not None else intra_default.latency_s,
+                     self.intra_bytes_per_s if self.intra_bytes_per_s is not None else intra_default.bytes_per_s)
+        return Cluster(nodes, per_node, inter, intra, backend=self.backend, allreduce_algorithm=self.allreduce)
+
+
 class LoaderConfig(BaseModel):
     """How a worker reads its shard (``pipeline.data.shard_reader.ShardReader``)."""
 
@@ -177,6 +241,10 @@ class TrainConfig(StageConfig):
     simulated_clock: SimClockConfig = Field(default_factory=SimClockConfig,
                                             description="launcher inprocess: the simulated clock of runs that depend on "
                                                         "time (asynchronous algorithms, time-budgeted rounds, stragglers)")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig,
+                                   description="the modelled cluster collectives and messages are costed on "
+                                               "(pipeline.train.comm.costmodel; the simulated clock does not charge it "
+                                               "yet: it charges simulated_clock's flat latency_s and bytes_per_s)")
     debug: DebugConfig = Field(default_factory=DebugConfig, description="test and fault-injection switches")
 
     @field_validator("output", "manifest")

@@ -32,7 +32,7 @@ class TableRun:
 def select_inputs(cfg: IngestRootConfig, files: list[str], out: Location) -> TableRun:
     """The inputs of a run on the table ``out``: every input (``overwrite``, ``append``) or the
     ones its ledger does not hold (``new_files``; a changed input by ``on_changed``)."""
-    stats = {f: source_stat(f) for f in files}
+    stats = {f: source_stat(f, checksum=cfg.input_identity == "checksum") for f in files}
     if cfg.mode != "new_files":
         return TableRun(files, stats, version=None)
     ledger = read_ledger(out)
@@ -105,7 +105,7 @@ def prepare_commit(job: DeltaJob, cfg: IngestRootConfig, run: TableRun, schema, 
     job.schema, job.schema_source = schema, schema_source
     replaced = []
     if run.selection is not None and cfg.on_changed == "replace":
-        replaced = [f for f in run.selection.changed if f in run.files]
+        replaced = list(run.selection.replaced)      # the ledger's names of the files read again
         job.removes = list(run.selection.replace)
     job.record = {"stage": "ingest_root", "tree": cfg.tree, "mode": cfg.mode, "sources": sources,
                   "replaced": replaced, "overwrite": cfg.mode == "overwrite",
