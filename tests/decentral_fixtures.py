@@ -21,7 +21,8 @@ from pipeline.train.comm.ports import free_port
 
 def _torch_child(fn, rank, world, port, args, queue):
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "PIPELINE_RUN_SECRET": f"test run {port:05d} " * 4})   # as a launcher hands out
     try:
         queue.put((rank, fn("torch", *args), None))
     except BaseException as e:  # noqa: BLE001 - reported to the parent

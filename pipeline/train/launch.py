@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import posixpath
 import time
 from pathlib import Path
@@ -236,7 +237,7 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from ..spark import get_spark
-    from .entry import worker_entry
+    from .comm.rendezvous import new_run_secret
 
     spark = spark or get_spark(cfg.spark, min_task_slots=world)
     if runs_in_spark_tasks(cfg):
@@ -246,9 +247,20 @@ def _run_torch(args: tuple, world: int, cfg: TrainConfig, spark) -> list[dict]:
     use_gpu = torch_use_gpu(cfg.device, cfg.torch_local_mode, conf)
     if use_gpu:
         check_torch_gpus(world, cfg.torch_local_mode, conf)
+    # the run's secret travels with the function's arguments (through Spark, like Horovod's key), not in an
+    # environment: the workers sign their keys in torchrun's store with it (comm/rendezvous.py)
     res = TorchDistributor(num_processes=world, local_mode=cfg.torch_local_mode, use_gpu=use_gpu).run(
-        worker_entry, *args)
+        _with_run_secret, new_run_secret(), *args)
     return [res]
+
+
+def _with_run_secret(secret: str, *args):
+    """A TorchDistributor worker: :func:`~pipeline.train.entry.worker_entry` with the run's secret."""
+    from .comm.rendezvous import RUN_SECRET_ENV
+    from .entry import worker_entry
+
+    os.environ[RUN_SECRET_ENV] = secret
+    return worker_entry(*args)
 
 
 def _task_environment(spark) -> None:

@@ -13,6 +13,7 @@ import time
 from typing import Any, Optional
 
 from .comm.ports import free_port
+from .comm.rendezvous import RUN_SECRET_ENV, new_run_secret
 
 
 def _end_with(launcher: int, poll_s: float = 1.0) -> None:
@@ -96,6 +97,7 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
     port = free_port(host)
     argv = (args[0], "torch") + tuple(args[2:])
     env = dict(os.environ)
+    env[RUN_SECRET_ENV] = new_run_secret()   # signs the ranks' keys in the rendezvous store; never in ours
     me = os.getpid()
     procs = [ctx.Process(target=_local_child, args=(r, world, host, port, argv, queue, env, me), daemon=True)
              for r in range(world)]

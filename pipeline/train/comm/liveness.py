@@ -1,10 +1,11 @@
 """Liveness of the peers of an asynchronous run: heartbeats, separate from how slow a peer is.
 
-Every rank's heartbeat thread bumps two counters in the rendezvous store (torch.distributed's
-key-value store, a connection of its own, keys under ``pipeline/liveness/``) every
-``period_s``: ``beat/<rank>`` (it is alive) and ``step/<rank>`` (the gradient steps it took,
-:meth:`Liveness.note_progress`). The same thread reads the counters of the ranks it watches and
-notes, on this machine's clock, when each last changed. So:
+Every rank's heartbeat thread writes its own key in the rendezvous store (torch.distributed's
+key-value store, a connection of its own, keys under ``pipeline/liveness/``) every ``period_s``:
+``beat/<rank>`` holds two counters, its heartbeats (it is alive) and the gradient steps it took
+(:meth:`Liveness.note_progress`), signed with the run's secret (:func:`.rendezvous.signed`). The
+same thread reads the keys of the ranks it watches and notes, on this machine's clock, when each
+counter last changed. So:
 
 * a peer whose heartbeat has not changed for ``dead_after_s`` (``algorithm.params.timeout_s``)
   is dead, frozen or unreachable: :meth:`Liveness.check` raises a :class:`~.p2p.PeerError`
@@ -17,6 +18,12 @@ notes, on this machine's clock, when each last changed. So:
 
 A peer that dies closes its connections, which fails a pending receive at once; the
 heartbeats catch what does not close a connection (a frozen process, a lost machine).
+
+Anyone who reaches the store's port can write its keys. A value that is not signed for its key with
+the run's secret (forged, copied from another rank's key, another run's), or whose counters go
+backwards (replayed), is not a silent peer: :meth:`Liveness.check` raises a
+:class:`StoreValueError` naming the key, and :meth:`Liveness.explain` gives that line, never the
+value's text.
 """
 from __future__ import annotations
 
@@ -27,9 +34,15 @@ from datetime import timedelta
 from typing import Callable, Iterable, Optional, Sequence
 
 from .p2p import PeerError
+from .rendezvous import StoreValueError, signed, verified
 
-PREFIX = "pipeline/liveness/"
+PREFIX = "pipeline/liveness"     # torch's PrefixStore joins it and a key with "/"
 VERDICT = "verdict"
+
+
+def store_key(name: str) -> str:
+    """The full key in the store of the liveness key ``name`` (what a signature covers)."""
+    return f"{PREFIX}/{name}"
 
 
 def store_client(dead_after_s: float):
@@ -42,17 +55,24 @@ def store_client(dead_after_s: float):
     return dist.PrefixStore(PREFIX, store)
 
 
-class Liveness:
-    """Heartbeats of this rank and of the ranks it watches (see module docstring)."""
+class StoreTampered(PeerError):
+    """A key of the liveness store holds a value this run's ranks did not write (one line naming it)."""
 
-    def __init__(self, store, rank: int, dead_after_s: float) -> None:
+
+class Liveness:
+    """Heartbeats of this rank and of the ranks it watches (see module docstring); ``secret`` is the
+    run's secret (:func:`.rendezvous.run_secret`)."""
+
+    def __init__(self, store, rank: int, dead_after_s: float, *, secret: bytes) -> None:
         self.store, self.rank = store, int(rank)
+        self._secret = bytes(secret)
+        self._beats = 0
+        self._fault: Optional[str] = None        # the first value refused (a line naming its key)
         self.dead_after_s = float(dead_after_s)
         self.period_s = min(2.0, max(0.05, self.dead_after_s / 8))
         self._lock = threading.Lock()
         self._seen: dict[int, list] = {}   # rank -> [beats, steps, t_beat, t_step] (monotonic clock)
         self._steps = 0
-        self._published = 0
         self._verdict_out: Optional[str] = None   # to leave in the store (by the heartbeat thread)
         self._verdict_in: Optional[str] = None    # a verdict some rank left there
         self._stop = threading.Event()
@@ -77,32 +97,48 @@ class Liveness:
         while not self._stop.is_set():
             try:
                 self._beat()
+            except StoreValueError as e:   # a value we did not write: an error naming the key, not a silence
+                if self._fault is None:
+                    self._fault = str(e)
             except Exception:  # noqa: BLE001 - the store is gone: the peers' heartbeats go silent
                 pass
             self._stop.wait(self.period_s)
 
     def _beat(self) -> None:
-        self.store.add(f"beat/{self.rank}", 1)
-        steps = self._steps
-        if steps != self._published:
-            self.store.add(f"step/{self.rank}", steps - self._published)
-            self._published = steps
+        self._beats += 1
+        mine = f"beat/{self.rank}"
+        self.store.set(mine, signed(self._secret, store_key(mine), f"{self._beats} {self._steps}"))
         if self._verdict_out is not None:
-            self.store.set(VERDICT, self._verdict_out)
+            self.store.set(VERDICT, signed(self._secret, store_key(VERDICT), self._verdict_out))
             self._verdict_out = None
         with self._lock:
             ranks = list(self._seen)
         for r in ranks:
-            beats, done = self.store.add(f"beat/{r}", 0), self.store.add(f"step/{r}", 0)
+            name = f"beat/{r}"
+            if not self.store.check([name]):
+                continue                           # it has not beaten yet
+            beats, done = self._counters(name, self.store.get(name))
             now = time.monotonic()
             with self._lock:
                 rec = self._seen[r]
+                if beats < rec[0] or done < rec[1]:
+                    raise StoreValueError(f"rendezvous store key {store_key(name)!r}: its counters went back "
+                                          f"from {rec[0]} {rec[1]} to {beats} {done} (an old value written again)")
                 if beats != rec[0]:
                     rec[0], rec[2] = beats, now
                 if done != rec[1]:
                     rec[1], rec[3] = done, now
         if self._verdict_in is None and self.store.check([VERDICT]):
-            self._verdict_in = self.store.get(VERDICT).decode()
+            self._verdict_in = verified(self._secret, store_key(VERDICT), self.store.get(VERDICT))
+
+    def _counters(self, name: str, value: bytes) -> tuple[int, int]:
+        payload = verified(self._secret, store_key(name), value)
+        try:
+            beats, done = (int(x) for x in payload.split(" "))
+        except ValueError:
+            raise StoreValueError(f"rendezvous store key {store_key(name)!r}: a signed value that is not two "
+                                  "counters") from None
+        return beats, done
 
     # -- the peers
     def silent(self, ranks: Sequence[int]) -> list[tuple[int, float]]:
@@ -113,7 +149,10 @@ class Liveness:
                     if r in self._seen and now - self._seen[r][2] > self.dead_after_s]
 
     def check(self, ranks: Sequence[int], what: str) -> None:
-        """Raise PeerError (and leave the verdict in the store) when one of ``ranks`` is silent."""
+        """Raise PeerError (and leave the verdict in the store) when one of ``ranks`` is silent;
+        StoreTampered when a value read from the store was refused."""
+        if self._fault is not None:
+            raise StoreTampered(f"rank {self.rank}: {what}: {self._fault}")
         dead = self.silent(ranks)
         if not dead:
             return
@@ -131,6 +170,8 @@ class Liveness:
         """Why the run is failing, as far as the heartbeats tell: the verdict a rank left in the
         store, else the watched ranks that are silent now; None when every heartbeat goes on.
         Reads only what the heartbeat thread fetched (never blocks on the store)."""
+        if self._fault is not None:
+            return self._fault
         if self._verdict_in is not None:
             return self._verdict_in
         with self._lock:

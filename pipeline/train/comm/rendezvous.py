@@ -12,11 +12,24 @@ Every socket a worker opens listens on ONE address, never on all interfaces:
 
 A process started by torchrun (``TORCHELASTIC_USE_AGENT_STORE``) uses the store of torchrun's
 agent instead and opens no store socket itself (docs/training.md lists every socket).
+
+Anyone who reaches ``MASTER_ADDR:MASTER_PORT`` can read and write the store's keys (torch's store
+has no authentication). So what the ranks exchange there themselves (the heartbeats and verdicts of
+:mod:`.liveness`) is signed with a per-run secret, the way Horovod signs its services: the launcher
+makes one (:func:`new_run_secret`) and hands it to its workers with their arguments (through Spark
+for TorchDistributor, through the spawn pipe for the local launcher), never in the driver's
+environment; a worker finds it in ``PIPELINE_RUN_SECRET`` (:func:`run_secret`). A value is
+``<payload> <HMAC-SHA256(secret, key, payload)>`` (:func:`signed`); one that is not signed for its
+key with the run's secret is a :class:`StoreValueError` naming the key (:func:`verified`). torch's
+own rendezvous keys (the gloo pairs' addresses) are not ours to sign: docs/training.md#trust-model.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import os
+import secrets
 import socket
 from datetime import timedelta
 from typing import Optional
@@ -100,3 +113,50 @@ def tcp_store(rank: int, world: int, master_addr: str, port: int, timeout: timed
 def uses_agent_store() -> bool:
     """True in a process started by torchrun, which reuses the store of torchrun's agent."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
+# ---------------------------------------------------------------------------- the run's secret
+RUN_SECRET_ENV = "PIPELINE_RUN_SECRET"
+MAX_VALUE = 4096          # no value of ours is longer: a longer one is refused before it is parsed
+
+
+class StoreValueError(ValueError):
+    """A value in the rendezvous store that is malformed or not signed with the run's secret."""
+
+
+def new_run_secret() -> str:
+    """A fresh per-run secret (a launcher makes one per launch of its workers)."""
+    return secrets.token_hex(32)
+
+
+def run_secret() -> bytes:
+    """This worker's run secret; ConfigError (one line) when its launcher gave it none."""
+    value = os.environ.get(RUN_SECRET_ENV, "")
+    if len(value) < 32:
+        raise ConfigError(f"no run secret in {RUN_SECRET_ENV}: the workers of an asynchronous run sign their "
+                          "heartbeats with the secret their launcher hands out (launcher=local or torch)")
+    return value.encode()
+
+
+def _mac(secret: bytes, key: str, payload: bytes) -> str:
+    return hmac.new(secret, key.encode() + b"\0" + payload, hashlib.sha256).hexdigest()
+
+
+def signed(secret: bytes, key: str, payload: str) -> bytes:
+    """``payload`` signed for store key ``key`` (the full key, prefix included)."""
+    data = payload.encode()
+    return data + b" " + _mac(secret, key, data).encode()
+
+
+def verified(secret: bytes, key: str, value: bytes) -> str:
+    """The payload of ``value`` read from store key ``key``; StoreValueError naming the key when the
+    value is not one :func:`signed` made for that key with ``secret`` (forged, corrupted, copied
+    from another key, or written by another run on the same port)."""
+    if len(value) > MAX_VALUE:
+        raise StoreValueError(f"rendezvous store key {key!r}: a value of {len(value)} bytes, over {MAX_VALUE}: "
+                              "not written by this run's ranks")
+    data, _, mac = bytes(value).rpartition(b" ")
+    if not data or not hmac.compare_digest(mac, _mac(secret, key, data).encode()):
+        raise StoreValueError(f"rendezvous store key {key!r}: a value not signed with this run's secret (forged or "
+                              "corrupted by someone who reaches MASTER_ADDR:MASTER_PORT, or another run's)")
+    return data.decode("utf-8", errors="replace")

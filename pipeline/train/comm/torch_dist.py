@@ -98,11 +98,13 @@ class TorchDistCommunicator(Communicator):
         return self._host
 
     def liveness(self, dead_after_s: float):
-        """This process's heartbeats (:mod:`.liveness`), started on first use."""
+        """This process's heartbeats (:mod:`.liveness`), started on first use, signed with the run's
+        secret its launcher handed out."""
         from .liveness import Liveness, store_client
+        from .rendezvous import run_secret
 
         if self._liveness is None:
-            self._liveness = Liveness(store_client(dead_after_s), self.rank, dead_after_s)
+            self._liveness = Liveness(store_client(dead_after_s), self.rank, dead_after_s, secret=run_secret())
         return self._liveness
 
     def new_group(self, ranks: Sequence[int]) -> Group:
