@@ -82,6 +82,11 @@ class IngestRootConfig(StageConfig):
         "fail", description="new_files: an input the table holds with another size or modification time is "
                             "skipped (its old rows kept), replaced (its old rows removed, the file read again) or "
                             "fails the run")
+    input_identity: Literal["stat", "checksum"] = Field(
+        "stat", description="delta: what tells a held input from a changed one: its real path, size and "
+                            "modification time (and an s3:// object's ETag), or also its content's SHA-256 "
+                            "(checksum: every input is read once more per run; for stores where size and "
+                            "modification time can repeat: cp -p, touch -r)")
     schema_changes: Literal["add_columns", "refuse"] = Field(
         "add_columns", description="delta: a branch the table lacks joins as a nullable column (add_columns) or "
                                    "fails the run naming it (refuse); a changed type always fails")
