@@ -114,6 +114,22 @@ class Location:
         raise BadInputError(f"{self}: no writable filesystem for {self.scheme}:// (ROOT inputs are read by uproot)")
 
 
+def confined(root: Location, name, source) -> Location:
+    """Where the name ``name``, read from our own metadata (``source``: a ``_COMPLETE`` marker, a
+    job's ``_moving.json``, an ingestion report, a table's ledger), lies inside ``root``. Such
+    names are relative to ``root`` and stay inside it; one that is not a string, is empty,
+    absolute, a URI, holds a NUL, or climbs out of ``root`` (``..``: on S3 out of its bucket and
+    prefix) is BadInputError naming ``source`` and the name, before anything is read or deleted
+    through it. The one check every reader of such names goes through (docs/storage.md)."""
+    ok = isinstance(name, str) and name and "\x00" not in name and "://" not in name \
+        and not name.startswith(("/", "\\", "~"))
+    rel = posixpath.normpath(name) if ok else ""
+    if not ok or rel in (".", "..") or rel.startswith("../"):
+        raise BadInputError(f"{source}: names {name!r}, which is not inside {root}: this metadata was not "
+                            "written by this pipeline as it is; nothing was read or changed through it")
+    return root.child(rel)
+
+
 def location(uri: str | os.PathLike | Location, *, output: bool = False) -> Location:
     """Parse ``uri``; an unsupported scheme is one line naming the URI and the schemes that work."""
     if isinstance(uri, Location):

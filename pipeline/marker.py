@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import BadInputError
-from .fs import Location, list_entries, list_files, read_bytes_if_exists
+from .fs import Location, confined, list_entries, list_files, read_bytes_if_exists
 
 COMPLETE_MARKER = "_COMPLETE"
 #: the markers of outputs written before every output carried ``_COMPLETE`` (the ingestion's report)
@@ -46,11 +46,17 @@ class Marker:
     objects: dict = field(default_factory=dict)
 
     def where(self, root: Location, name: str) -> Location:
-        """Where the bytes of the output's file ``name`` lie (``root``: the output)."""
+        """Where the bytes of the output's file ``name`` lie (``root``: the output): inside the
+        output, or, for a name of ``objects``, inside this job's staging prefix beside it
+        (:func:`pipeline.fs.confined`: any other place is one line and nothing is read)."""
+        source = root.child(COMPLETE_MARKER)
         rel = self.objects.get(name)
         if rel is None:
-            return root.child(name)
-        return Location(root.scheme, posixpath.normpath(posixpath.join(root.path.rstrip("/"), rel)))
+            return confined(root, name, source)
+        staging = f"../{staging_name(root, self.job)}/"
+        if self.job and not root.is_bucket_root and rel.startswith(staging):
+            return confined(root.sibling(staging_name(root, self.job)), rel[len(staging):], source)
+        return confined(root, rel, source)
 
     def to_bytes(self) -> bytes:
         body = {"format": FORMAT, "job": self.job, "files": sorted(self.files)}
@@ -65,9 +71,13 @@ def parse_marker(raw: bytes, at: Location) -> Marker:
         body = json.loads(raw)
         files = tuple(str(f) for f in body["files"])
         objects = {str(k): str(v) for k, v in (body.get("objects") or {}).items()}
-        return Marker(str(body.get("job", "")), files, objects)
+        marker = Marker(str(body.get("job", "")), files, objects)
     except (ValueError, KeyError, TypeError, AttributeError):
         raise BadInputError(f"{at}: not a valid completion marker") from None
+    root = parent(at)
+    for name in (*files, *objects):          # every name inside the output, before any is read
+        marker.where(root, name)
+    return marker
 
 
 def read_marker(root: Location) -> Optional[Marker]:

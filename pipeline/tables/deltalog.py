@@ -158,7 +158,7 @@ def _add_actions(adds: list[dict]):
 
     now = int(time.time() * 1000)
     return [AddAction(a["path"], int(a["size"]), dict(a.get("partition_values") or {}), now, True,
-                      json.dumps({"numRecords": int(a["rows"])}) if a.get("rows") is not None else "")
+                      json.dumps({"numRecords": int(a["rows"])}) if a.get("rows") is not None else None)
             for a in adds]
 
 

@@ -40,8 +40,8 @@ from urllib.parse import quote
 from ..attempts import JobTarget
 from ..commit import OutputJob, _step, committing
 from ..errors import BadInputError
-from ..fs import (Location, check_writable, delete_file, delete_tree, list_dirs, list_files, read_bytes_if_exists,
-                  write_bytes)
+from ..fs import (Location, check_writable, confined, delete_file, delete_tree, list_dirs, list_files,
+                  read_bytes_if_exists, write_bytes)
 from ..marker import foreign_file, read_marker
 from . import deltalog, types
 
@@ -254,7 +254,7 @@ class DeltaJob(OutputJob):
         """Delete the prefixes of jobs older than :data:`STALE_S`, and the files they had moved
         into the table when they never committed them."""
         now = time.time()
-        committed = None
+        committed, doomed = None, []
         for d in list_dirs(self.final.child(JOBS_DIR)):
             age = _age(d, now)
             if d.name == self.job_id or age is None or age < STALE_S:
@@ -262,10 +262,34 @@ class DeltaJob(OutputJob):
             if committed is None:        # a job stopped after its log entry: its files are the table's
                 committed = {rec.get("job") for _, rec in deltalog.commits(self.final)}
             raw = read_bytes_if_exists(d.child(MOVING))
-            for name in ([] if d.name in committed or not raw else json.loads(raw)):
-                delete_file(self.final.child(name))
+            doomed.append((d, [] if d.name in committed or not raw else _moved_names(self.final, d, raw)))
+        for d, files in doomed:          # every name checked before anything is deleted
+            for f in files:
+                delete_file(f)
             delete_tree(d)
             log.info("%s: deleted what a stopped job left (%s)", self.final, d.name)
+
+
+def _moved_names(final: Location, d: Location, raw: bytes) -> list[Location]:
+    """The files a stopped job ``d`` had moved into the table, from its ``_moving.json``: each
+    inside the table (:func:`~pipeline.fs.confined`) and named as that job names its files
+    (``...-<job>.parquet``), or one line and nothing is deleted."""
+    source = d.child(MOVING)
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, list):
+        raise BadInputError(f"{source}: not a list of names; nothing was deleted: remove {d} yourself")
+    out = []
+    for n in names:
+        loc = confined(final, n, source)
+        m = _MOVED.search(n)
+        if not m or m.group(1) != d.name:
+            raise BadInputError(f"{source}: names {n!r}, not a file that job writes; nothing was deleted: "
+                                f"remove {d} yourself")
+        out.append(loc)
+    return out
 
 
 def _footer_schema(loc: Location):
@@ -334,6 +358,12 @@ class TablesJob(OutputJob):
                                 "choose another output (nothing was changed)")
         for t in self.tables:
             check_table_target(self.final.child(t))
+        torn = torn_tables(self.final, self.tables)
+        if torn:
+            print(f"{torn}; this run replaces them all")
+        for d in _stale_jobs(self.final, self.job_id):    # a crashed run's prefix (_pipeline/jobs/<job>)
+            delete_tree(d)
+            log.info("%s: deleted what a stopped job left (%s)", self.final, d.name)
         if self.final.is_local:
             os.makedirs(self.staging.path)
         return self
@@ -344,7 +374,7 @@ class TablesJob(OutputJob):
         return self.final.child(rel)
 
     def commit(self) -> list[str]:
-        record = {"stage": self.stage, "job": self.job_id, "overwrite": True,
+        record = {"stage": self.stage, "job": self.job_id, "tables_job": self.job_id, "overwrite": True,
                   "files": {rel: json.loads(b) for rel, b in self.small.items() if rel.endswith(".json")}}
         names = []
         for t in self.tables:
@@ -356,6 +386,7 @@ class TablesJob(OutputJob):
             self._subs.append(sub)
             sub.adopt_files(files)
             sub.schema = _footer_schema(next(iter(files.values())))
+            sub.rows = _footer_rows(files)
             sub.schema_source = str(self.final.child(t))
             sub.record = record
             names += [f"{t}/{n}" for n in sub.commit()]
@@ -370,6 +401,51 @@ class TablesJob(OutputJob):
         for sub in self._subs:
             sub.abort()
         delete_tree(self.staging)
+
+
+def torn_tables(final: Location, tables: tuple) -> Optional[str]:
+    """One line when the tables of ``final`` are not all at one run's commit (a run of a
+    :class:`TablesJob` stopped between its tables' log entries: the newest versions of some tables
+    are that run's, of the others an earlier run's); None when they are."""
+    latest = {}
+    for t in tables:
+        loc = final.child(t)
+        recs = deltalog.commits(loc) if deltalog.is_table(loc) else []
+        v, rec = max(recs, key=lambda r: r[0]) if recs else (None, {})
+        latest[t] = (v, rec.get("tables_job"))
+    if len({j for _, j in latest.values()}) < 2:
+        return None
+    parts = ", ".join(f"{t}/ at version {v} (run {j or 'unknown'})" if v is not None else f"{t}/ absent"
+                      for t, (v, j) in latest.items())
+    return f"{final}: a run stopped between its tables' commits: {parts}"
+
+
+def _stale_jobs(final: Location, own: str) -> list[Location]:
+    """The job prefixes under ``final/_pipeline/jobs/`` that are ours (named as a job id) and
+    older than :data:`STALE_S`."""
+    now = time.time()
+    out = []
+    for d in list_dirs(final.child(JOBS_DIR)):
+        if d.name == own or not _JOB_ID.fullmatch(d.name):
+            continue
+        age = _age(d, now)
+        if age is not None and age >= STALE_S:
+            out.append(d)
+    return out
+
+
+_JOB_ID = re.compile(r"[0-9a-f]{12}")
+
+
+def _footer_rows(files: dict) -> dict:
+    """The rows of each Parquet file (its footer), by name: the log entry's ``numRecords``."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for rel, loc in files.items():
+        with loc.filesystem().open_input_file(loc.path) as f:
+            out[rel] = pq.ParquetFile(f).metadata.num_rows
+    return out
 
 
 def tables_job(final, tables: tuple, stage: str) -> contextlib.AbstractContextManager[TablesJob]:
