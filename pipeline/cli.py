@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence, Type
 
 from .config import REQUIRED, StageConfig, command_line, config_fields, input_producer, load_config
 from .errors import PipelineError
+from .redact import redact
 
 log = logging.getLogger("pipeline")
 
@@ -45,6 +46,20 @@ def setup_logging(level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not any(isinstance(f, _Py4JRetryFilter) for f in root.filters):
         root.addFilter(_Py4JRetryFilter())
+    for h in root.handlers:      # a handler's filter sees the records of every logger
+        if not any(isinstance(f, _RedactFilter) for f in h.filters):
+            h.addFilter(_RedactFilter())
+
+
+class _RedactFilter(logging.Filter):
+    """Every logged line without credentials (:func:`pipeline.redact.redact`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        clean = redact(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        return True
 
 
 class _Py4JRetryFilter(logging.Filter):
@@ -149,7 +164,7 @@ def _run_job(argv, prog, description, config_cls, run, plan, default_config, sum
             out = {"job": prog, "config": cfg.model_dump(mode="json")}
             if plan is not None:
                 out["plan"] = plan(cfg)
-            print(json.dumps(out, indent=2, default=str))
+            print(json.dumps(redact(json.loads(json.dumps(out, default=str))), indent=2))
             return 0
         result = run(cfg)
         seconds = time.time() - t0
@@ -157,7 +172,7 @@ def _run_job(argv, prog, description, config_cls, run, plan, default_config, sum
         print(f"SUMMARY {prog}: {text}", flush=True)
         return 0
     except PipelineError as e:
-        print(f"error: {e}{_producer_hint(e, args.config, prog)}", file=sys.stderr)
+        print(redact(f"error: {e}{_producer_hint(e, args.config, prog)}"), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -166,6 +181,6 @@ def _run_job(argv, prog, description, config_cls, run, plan, default_config, sum
         if os.environ.get("PIPELINE_DEBUG"):
             traceback.print_exc()
         first = root_cause(e)[:500]
-        print(f"error: {type(e).__name__}: {first} (set PIPELINE_DEBUG=1 for the traceback)",
+        print(redact(f"error: {type(e).__name__}: {first} (set PIPELINE_DEBUG=1 for the traceback)"),
               file=sys.stderr)
         return 1

@@ -11,10 +11,11 @@ from typing import Optional
 
 from ..committed import require_complete, resolve
 from ..errors import BadInputError, ConfigError
-from ..fs import is_file, location
+from ..fs import confined, is_file, location
 from ..ingest.root import SAMPLES_PREFIX, Chunk, FileInfo, resolve_files, sample_path
 from ..outputs import read_json
 from ..paths_overlap import check_apart
+from ..redact import expand_path
 from ..packing import balanced_tasks
 from ..tables.snapshot import is_delta_table, ledger, snapshot
 from . import delphes as D
@@ -40,7 +41,7 @@ def _expand_pattern(p: str) -> str:
         return sample_path(p)
     if "://" in p:
         return p
-    p = os.path.expandvars(os.path.expanduser(p))
+    p = expand_path(p)
     return os.path.abspath(p) if (os.sep in p or os.path.exists(p)) and not p.startswith("*") else p
 
 
@@ -85,14 +86,16 @@ def _ingested_units(d: str, files: list[FileInfo], units: list[Chunk], notes: li
         info = FileInfo(len(files), f["file"], entries=int(f["entries"]))
         files.append(info)
         for part in f["parts"]:
-            units.append(Chunk(len(units), info.file_index, str(resolve(loc.child(part["part"]))), "",
+            where = confined(loc, part["part"], loc.child("_report.json"))
+            units.append(Chunk(len(units), info.file_index, str(resolve(where)), "",
                                int(part["entry_start"]), int(part["entry_stop"])))
             info.chunks += 1
 
 
-def _table_units(d: str, version: Optional[int], files: list[FileInfo], units: list[Chunk]) -> None:
+def _table_units(d: str, version: Optional[int], files: list[FileInfo], units: list[Chunk]) -> int:
     """The data files of a Delta table's snapshot (the newest, or ``version``) as work units: each
-    one's ROOT file and entry range from the table's source ledger, never a listing of its folder."""
+    one's ROOT file and entry range from the table's source ledger, never a listing of its folder;
+    returns the version read."""
     loc = location(os.path.expanduser(d))
     snap = snapshot(loc, version)
     lacking = [b for b in D.REQUIRED_BRANCHES if b not in snap.schema.names]
@@ -113,16 +116,19 @@ def _table_units(d: str, version: Optional[int], files: list[FileInfo], units: l
         info = FileInfo(len(files), s["file"], entries=int(s["entries"]))
         files.append(info)
         for p in parts:
-            units.append(Chunk(len(units), info.file_index, str(loc.child(p["path"])), "", int(p["entry_start"]),
-                               int(p["entry_stop"])))
+            units.append(Chunk(len(units), info.file_index, str(confined(loc, p["path"], f"{loc}: the ledger")), "",
+                               int(p["entry_start"]), int(p["entry_stop"])))
             info.chunks += 1
+    return snap.version
 
 
-def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[int, int], list[str]]:
+def plan_units(cfg: FeaturesConfig, versions: Optional[dict] = None
+               ) -> tuple[list[FileInfo], list[Chunk], dict[int, int], list[str]]:
     """(source files, work units, file_index -> label, notes), without opening a ROOT file: a
     ROOT file is one unit with ``entry_start == entry_stop ==`` :data:`WHOLE_FILE` (its task cuts
     it); an ingested dataset's parts are units with their entry ranges. Files without a sample
-    label carry ``error`` and have no unit."""
+    label carry ``error`` and have no unit. ``versions`` receives each Delta table input's
+    version read (by its location)."""
     files: list[FileInfo] = []
     units: list[Chunk] = []
     notes: list[str] = []
@@ -139,7 +145,9 @@ def plan_units(cfg: FeaturesConfig) -> tuple[list[FileInfo], list[Chunk], dict[i
                 [os.path.expanduser(d) for d in tables + ingested] + root_files,
                 replaces=cfg.output_format == "parquet")
     for d in tables:
-        _table_units(d, cfg.input_version, files, units)
+        v = _table_units(d, cfg.input_version, files, units)
+        if versions is not None:
+            versions[str(location(os.path.expanduser(d)))] = v
     for d in ingested:
         _ingested_units(d, files, units, notes)
     if roots:

@@ -172,7 +172,8 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
     schema_dir = Path(cfg.schema_dir) if cfg.schema_dir else SCHEMA_DIR
     for name in ("hlf", "llf"):       # a missing or broken schema fails before any work
         load_schema(name, SCHEMA_VERSIONS[name], schema_dir)
-    files, units, labels, notes = plan_units(cfg)
+    versions: dict = {}
+    files, units, labels, notes = plan_units(cfg, versions)
     for n in notes:
         log.info("%s", n)
     if not [f for f in files if not f.error]:
@@ -212,6 +213,8 @@ def build_features(cfg: FeaturesConfig, spark=None) -> dict:
         log.info("features: hlf/ and llf/ written (%d LLF file(s), %d train events in the scaling) (%.1f s)",
                  len(groups), model.hlf_count, time.time() - t_start)
         report = _report(cfg, files, labels, t, done, written, counts, notes, out)
+        if versions:        # the Delta table versions the features were built from
+            report["input_versions"] = versions
         report |= {"driver_received_bytes": dict(received), "seconds": round(time.time() - t_start, 3)}
         job.write_json("report.json", report)
     finish(report, out, len(files), sum(report["splits"].values()), report["splits"], cfg.allow_bad_files)

@@ -34,6 +34,7 @@ from ..commit import JobTarget, output_job
 from ..errors import BadInputError, ConfigError, PipelineError
 from ..features.layout import CLASS_LABELS
 from ..fs import location
+from ..redact import redact
 from ..spark import forward_s3_settings, get_spark, is_connect, spark_task, task_frame
 from .config import SimulateConfig
 from .delphes_io import write_delphes
@@ -238,7 +239,7 @@ def generate(cfg: SimulateConfig, spark=None) -> dict:
                                              "attempts", "passed", "seconds", "cpu_seconds")} for r in rs],
             }
         sidecar = {"format": FORMAT, "seed": cfg.seed, "seed_rule": "numpy SeedSequence([seed, label, task])",
-                   "versions": _versions(), "config": cfg.model_dump(mode="json"), "processes": procs,
+                   "versions": _versions(), "config": redact(cfg.model_dump(mode="json")), "processes": procs,
                    "tree": "Delphes"}
         job.write_json(SIDECAR, sidecar)
     dt = time.time() - t0

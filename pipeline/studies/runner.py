@@ -45,6 +45,7 @@ from typing import Any, Callable
 from ..errors import ConfigError, PipelineError
 from ..fs import Location, delete_tree, exists
 from ..outputs import read_json, write_json
+from ..redact import redact
 from .grid import Cell, StudyPlan, digest, plan_study
 from .publish import RemoteOutput
 from .records import run_fingerprint
@@ -185,7 +186,8 @@ def prepare_run(plan: StudyPlan, cell: Cell, seed: int, out: Path, data_root, sp
     if remote:
         delete_tree(remote.at(key))
     write_json(rdir / "run.json", {"study": spec.name, "cell": cell.name, "factors": cell.factors, "seed": seed,
-                                   "config": run_fingerprint(run_cfg), "train": train_cfg.model_dump(mode="json")})
+                                   "config": run_fingerprint(run_cfg),
+                                   "train": redact(train_cfg.model_dump(mode="json"))})
     return train_cfg
 
 

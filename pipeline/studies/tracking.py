@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError
 from ..outputs import local_path, read_json, write_json
+from ..redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def client(uri: str):
         c = MlflowClient(tracking_uri=uri)
         c.search_experiments(max_results=1)  # opens the store now, so a bad URI fails here
     except (MlflowException, ImportError, ValueError) as e:
-        raise ConfigError(f"tracking.uri={uri!r}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(redact(f"tracking.uri={uri!r}: {str(e).splitlines()[0]}")) from None
     return c
 
 
@@ -148,7 +149,13 @@ def logged_run(path: Path) -> Optional[str]:
 
 
 def remember_run(path: Path, uri: str, run_id: str) -> None:
-    write_json(path, {"tracking_uri": uri, "run_id": run_id})
+    """``path`` remembers the run (its tracking URI without credentials: :func:`pipeline.redact.redact`)."""
+    write_json(path, {"tracking_uri": redact(uri), "run_id": run_id})
+
+
+def _same_store(path: Path, uri: str) -> bool:
+    """``path`` (``mlflow_run.json``) names a run of the store ``uri``."""
+    return read_json(path).get("tracking_uri") == redact(uri)
 
 
 class ParentRun:
@@ -159,7 +166,7 @@ class ParentRun:
         self.c = client(uri)
         self.exp_id = experiment_id(self.c, experiment)
         rid = logged_run(self.state_file)
-        if rid is not None and read_json(self.state_file).get("tracking_uri") == uri and self._exists(rid):
+        if rid is not None and _same_store(self.state_file, uri) and self._exists(rid):
             self.c.update_run(rid, status="RUNNING")
         else:
             run = self.c.create_run(self.exp_id, run_name=name, tags={"mlflow.runName": name, **tags})
@@ -180,7 +187,7 @@ class ParentRun:
     def child(self, marker: Path, name: str, params: dict, row: dict, train_dir: Path, tags: dict) -> str:
         """Log one finished run under this parent unless ``marker`` says it already is."""
         rid = logged_run(marker)
-        if rid is not None and read_json(marker).get("tracking_uri") == self.uri and self._exists(rid):
+        if rid is not None and _same_store(marker, self.uri) and self._exists(rid):
             return rid
         rid = log_run(self.c, self.exp_id, name, params, row, train_dir, parent=self.run_id, tags=tags,
                       plot_dir=Path(train_dir).parent)
@@ -190,7 +197,7 @@ class ParentRun:
     def discard(self, marker: Path) -> None:
         """Delete the child run remembered in ``marker`` (its training is about to be redone)."""
         rid = logged_run(marker)
-        if rid is not None and read_json(marker).get("tracking_uri") == self.uri and self._exists(rid):
+        if rid is not None and _same_store(marker, self.uri) and self._exists(rid):
             self.c.delete_run(rid)
 
     def finish(self, artifacts: list[Path], metrics: Optional[dict] = None, status: str = "FINISHED") -> None:
@@ -226,7 +233,7 @@ def track_training(cfg, summary: dict) -> Optional[str]:
         c = client(uri)
         exp = experiment_id(c, cfg.tracking.experiment or "train")
         rid = log_run(c, exp, loc.name, train_params(cfg), run_metrics(out), out, tags={"pipeline.output": str(loc)})
-    log.info("MLflow: run %s in experiment %s at %s", rid, cfg.tracking.experiment or "train", uri)
+    log.info("MLflow: run %s in experiment %s at %s", rid, cfg.tracking.experiment or "train", redact(uri))
     summary["mlflow_run_id"] = rid
     return rid
 

@@ -53,6 +53,7 @@ from ..errors import ConfigError
 from ..committed import resolve
 from ..fs import Location, exists, location, write_bytes
 from ..outputs import write_json
+from ..redact import redact
 from ..train.config import TrackingConfig
 from .grid import RUN_CONFIGS, apply_overrides, base_data, build_run_config
 from .publish import RemoteOutput
@@ -346,7 +347,7 @@ def tune(cfg: TuneConfig, spark=None) -> dict:
                 key = f"trials/trial_{t.number}"
                 p["train"] = StorePath(str(remote.at(key))) / "train" if remote else out / key / "train"
                 configs[t.number] = stage_configs(run_cfg, cfg.workflow, p)["train"]
-                write_json(out / key / "train_config.json", configs[t.number].model_dump(mode="json"))
+                write_json(out / key / "train_config.json", redact(configs[t.number].model_dump(mode="json")))
                 batch.append((t.number, configs[t.number].model_dump_json()))
             log.info("tune %s: trials %s of %d on Spark", cfg.name, ", ".join(str(t.number) for t in asked), total)
             res = run_trials_on_spark(spark, batch)

@@ -8,6 +8,7 @@ from typing import Iterable, Union
 
 from ...errors import ConfigError
 from ...fs import expand_remote_glob, location
+from ...redact import expand_path
 from ...samples import coffea_samples
 from .config import SAMPLES_PREFIX
 
@@ -49,7 +50,7 @@ def resolve_files(inputs: Union[str, Iterable[str]]) -> list[str]:
             continue
         if item.startswith("file://"):
             item = item[len("file://"):]
-        item = os.path.expandvars(os.path.expanduser(item))
+        item = expand_path(item)
         if glob.has_magic(item):
             hits = sorted(glob.glob(item, recursive=True))
             if not hits:
