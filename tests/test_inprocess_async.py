@@ -9,13 +9,17 @@ decided by virtual time and the seed only.
 * virtual compute time decides the steps of a time-budgeted round exactly (a worker 3x slower takes the
   steps that fit its budget);
 * a synchronous algorithm gives the same digests with and without the simulated clock;
-* a failing rank ends the run with its own error, a deadlock fails instead of hanging;
+* a failing rank ends the run with its own error, a deadlock fails instead of hanging, and no thread
+  of the run outlives it (also when ``Simulation.run`` times out);
+* the launcher's limits are wall-clock stall limits: virtual seconds count toward nothing;
 * the staleness of a simulated run is in the regime of a real local-launcher run (slow: the reference
   starts 2 processes).
 """
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -162,10 +166,45 @@ def test_the_simulated_pair_channels_carry_tensors_only():
 def test_a_failing_rank_ends_a_simulated_run_with_its_own_error(digits2, tmp_path):
     cfg = _cfg(digits2, tmp_path, {"name": "adpsgd", "params": {"round_steps": 4}}, max_restarts=0,
                debug={"fail_at_step": 3, "fail_rank": 1})
+    before = set(threading.enumerate())
+    t0 = time.monotonic()
     with pytest.raises(Exception, match=r"fail_at_step=3 reached \(simulated crash\)") as e:
         _run(tmp_path, "fail", cfg)
+    assert time.monotonic() - t0 < 60
     assert "PeerFailed" not in str(e.value) and "deadlock" not in str(e.value)   # rank 1's error, not a consequence
     assert not (tmp_path / "fail").exists()
+    left = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert not left, left                  # rank 0, both ranks' communication threads: all ended
+
+
+def test_virtual_seconds_are_no_time_limit(digits2, tmp_path):
+    """Local SGD with a 5x straggler at 5 virtual s a step: rank 0 waits 80 virtual s at the first average.
+    The launcher's limits are wall-clock limits on stalls: with start_timeout 1 and the stall limit off
+    (stall_timeout 0) the run completes, whatever its virtual length."""
+    cfg = _cfg(digits2, tmp_path, {"name": "local_sgd", "params": {"period": 4}}, epochs=1, max_steps=4,
+               start_timeout=1, stall_timeout=0, simulated_clock={"step_s": 5.0, "step_jitter": 0.0},
+               stragglers={"slowdown": {1: 5.0}})
+    s = _run(tmp_path, "slow", cfg)
+    assert s["steps"] == 4 and s["ranks"][0]["simulated_clock"]["virtual_s"] >= 100
+
+
+def test_a_simulated_run_that_times_out_leaves_no_thread_running():
+    """``Simulation.run(timeout_s)`` on a thread that never ends: TimeoutError, and the thread has ended
+    when it is raised (it would otherwise go on in a process that runs the next run)."""
+    sim, steps = Simulation(SimClockConfig(), seed=0), []
+
+    def forever() -> None:
+        while True:
+            sleep(1.0)
+            steps.append(sim.now)
+
+    sim.spawn(forever, (), "forever")
+    with pytest.raises(TimeoutError, match="did not end within"):
+        sim.run(0.5)
+    assert not [t for t in threading.enumerate() if t.name == "forever"]
+    n = len(steps)
+    time.sleep(0.2)
+    assert len(steps) == n > 0
 
 
 def test_the_scheduler_runs_threads_in_virtual_time_and_fails_a_deadlock():

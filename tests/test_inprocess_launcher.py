@@ -2,31 +2,39 @@
 (pipeline/train/comm/inprocess.py). The same seed gives the same run as the local launcher's M
 processes joined by torch.distributed (gloo): the same steps and samples, and the same parameters
 bit for bit after every step (within float rounding where gloo sums more than two ranks in another
-order); augmentation is refused; a failing rank ends the run with its own error instead of a hang.
+order); augmentation is refused; a failing rank ends the run with its own error instead of a hang, a
+rank blocked outside a collective ends it within its stall limit, and no thread of a run outlives it;
+what would silently differ from a real run is refused (tensors that do not match, draws from the
+global random generators) or kept apart (the rendezvous of another process group).
 The asynchronous algorithms under the simulated clock: tests/test_inprocess_async.py."""
 from __future__ import annotations
 
+import random
 import sys
 import threading
+import time
 
+import numpy as np
 import pytest
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.train.comm.inprocess import InProcessCommunicator, InProcessWorld, PeerFailed
+from pipeline.train.comm.inprocess import GlobalRandomUsed, InProcessCommunicator, InProcessWorld, PeerFailed
 from pipeline.train.config import TrainConfig
 from pipeline.train.launch import train
+from pipeline.train.local_launchers import END_GRACE_S
 from train_fixtures import write_digit_shards
 
 
-def _ranks(world: int, body) -> list:
-    """``body(comm)`` on ``world`` threads, each a rank; the results in rank order."""
-    meeting = InProcessWorld(world, timeout_s=30)
+def _ranks(world: int, body, timeout_s: float = 30, device: str = "cpu") -> list:
+    """``body(comm)`` on ``world`` threads, each a rank; the results in rank order. Every thread must
+    have ended within 60 s (a failing rank must not leave another blocked)."""
+    meeting = InProcessWorld(world, timeout_s=timeout_s)
     out, errs = [None] * world, []
 
     def run(r):
         try:
-            out[r] = body(InProcessCommunicator(meeting, r))
+            out[r] = body(InProcessCommunicator(meeting, r, device))
         except BaseException as e:  # noqa: BLE001
             errs.append(e)
             meeting.abort()
@@ -36,9 +44,32 @@ def _ranks(world: int, body) -> list:
         t.start()
     for t in ts:
         t.join(60)
+    assert not [t.name for t in ts if t.is_alive()], "a rank thread did not end within 60 s"
     if errs:
         raise errs[0]
     return out
+
+
+def _bounded(fn, limit_s: float):
+    """``fn()`` on a thread of its own: (its result or exception, wall seconds, the threads it left
+    running). Fails the test when ``fn`` did not return within ``limit_s``."""
+    before = set(threading.enumerate())
+    box: list = []
+
+    def call():
+        try:
+            box.append(fn())
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            box.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    t0 = time.monotonic()
+    caller.start()
+    caller.join(limit_s)
+    secs = time.monotonic() - t0
+    assert not caller.is_alive(), f"the run did not end within {limit_s} s"
+    left = [t.name for t in threading.enumerate() if t not in before and t is not caller and t.is_alive()]
+    return box[0], secs, left
 
 
 @pytest.mark.parametrize("world", [3, 16])
@@ -98,15 +129,87 @@ def test_a_failing_rank_stops_the_others_at_their_next_collective():
         _ranks(3, body)
 
 
+def test_tensors_that_do_not_match_fail_the_collective_on_every_rank():
+    """gloo refuses an allreduce or broadcast whose ranks pass other shapes; summing them in memory
+    would broadcast (0 + [1, 1] -> a mean of two elements) or copy into another shape on one rank only."""
+    def body(c):
+        got = []
+        for op in ("allreduce", "broadcast"):
+            t = torch.ones(2 if c.rank == 0 else 1)
+            try:
+                c.allreduce_mean_([t]) if op == "allreduce" else c.broadcast_([t], root=1)
+                got.append("completed")
+            except ValueError as e:
+                got.append(str(e))
+        return got
+
+    res = _ranks(2, body)
+    assert "tensor 0 is (1,) float32 on rank 1 but (2,) float32 on rank 0" in res[0][0]
+    assert res[0][0] == res[1][0]
+    assert res[1][1] == "completed"                      # the root of the broadcast
+    assert "tensor 0 is (2,) float32 on rank 0 but (1,) float32 on rank 1" in res[0][1]
+
+
+def test_the_rendezvous_of_another_process_group_is_another_one():
+    """A CUDA world's host view is a gloo group of its own under torch.distributed: a barrier on it and
+    one on the world never meet (there: a timeout), even though both hold ranks 0 and 1."""
+    def body(c):
+        try:
+            (c.host() if c.rank == 0 else c).barrier()
+            return "met"
+        except PeerFailed as e:
+            return str(e)
+
+    res = _ranks(2, body, timeout_s=0.5, device="meta")
+    assert all("did not arrive within 0.5 s" in r for r in res), res
+
+
+@pytest.mark.parametrize("draw", ["torch", "numpy", "random"])
+def test_a_rank_that_draws_from_the_global_generators_is_refused(draw):
+    """The ranks share the process's generators: dropout or a randperm without a generator of its own on
+    one rank would move every rank's stream. A beat after such a draw fails in one line."""
+    def body(c):
+        dog = c.stall_watch()
+        dog.beat()                          # the state after the model's build
+        c.barrier()
+        if c.rank == 1:
+            {"torch": lambda: torch.nn.functional.dropout(torch.ones(4), 0.5), "numpy": np.random.rand,
+             "random": random.random}[draw]()
+        c.barrier()
+        dog.beat()
+
+    with pytest.raises(GlobalRandomUsed, match=r"^rank \d: the process's global random generators .* use launcher "
+                                               r"local$"):
+        _ranks(2, body)
+
+
 @pytest.fixture(scope="module")
 def digits2(tmp_path_factory):
     return write_digit_shards(tmp_path_factory.mktemp("digits2"), workers=2, n_train=512, n_test=128, n_val=64)
 
 
-def _cfg(manifest, out, launcher: str, algorithm: dict) -> TrainConfig:
-    return TrainConfig(manifest=str(manifest), output=str(out), launcher=launcher, model="lenet5", epochs=1,
-                       batch_size=32, optimizer="sgd", lr=0.05, momentum=0.9, eval_every=4, progress=False,
-                       algorithm=algorithm, debug={"record_param_digests": True})
+def _cfg(manifest, out, launcher: str, algorithm: dict, **kw) -> TrainConfig:
+    return TrainConfig(**{**dict(manifest=str(manifest), output=str(out), launcher=launcher, model="lenet5", epochs=1,
+                                 batch_size=32, optimizer="sgd", lr=0.05, momentum=0.9, eval_every=4, progress=False,
+                                 algorithm=algorithm, debug={"record_param_digests": True}), **kw})
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "arsgd"}, {"name": "adpsgd", "params": {"round_steps": 4}}],
+                         ids=["free_threads", "simulated_clock"])
+def test_a_rank_blocked_outside_a_collective_ends_the_run_within_its_stall_limit(digits2, tmp_path, algorithm):
+    """Rank 1 blocks for good after its second step (``fail_mode=hang``, what a data-loader deadlock looks
+    like): the run ends with one line naming it, about stall_timeout after its last beat, and none of the
+    run's threads (the other rank, the simulated clock's threads) is left running."""
+    cfg = _cfg(digits2, tmp_path / "o", "inprocess", algorithm, stall_timeout=2, max_restarts=0, max_steps=6,
+               debug={"fail_at_step": 2, "fail_rank": 1, "fail_mode": "hang"})
+    err, secs, left = _bounded(lambda: train(cfg), 60)
+    assert isinstance(err, Exception), err
+    msg = str(err)
+    assert "\n" not in msg and "rank 1: stalled: no step, evaluation or checkpoint completed for 2 s " \
+                               "(stall_timeout=2); the in-process run was ended" in msg, msg
+    assert "could not be stopped" not in msg
+    assert secs < 2 + 2 * END_GRACE_S + 10, secs      # the stall limit, the interrupt's grace, the run's start
+    assert not left, left
 
 
 SYNCHRONOUS = [{"name": "arsgd"}, {"name": "local_sgd", "params": {"period": 3}},

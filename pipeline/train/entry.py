@@ -34,7 +34,9 @@ def worker_entry(cfg_json: str, backend: str, plan: dict, out_dir: str, ckpt_dir
     comm = make_communicator(backend, bucket_bytes=int(cfg.bucket_mb * (1 << 20)), device_kind=kind,
                              bind_address=cfg.bind_address)
     # "local" (one worker) and "inprocess" run inside the caller's process: never end that process
-    dog = Watchdog(cfg.stall_timeout if backend not in ("local", "inprocess") else 0, comm.rank)
+    # (inprocess: the launcher's stall limit, over the beats of comm.stall_watch())
+    dog = comm.stall_watch() if backend == "inprocess" else Watchdog(cfg.stall_timeout if backend != "local" else 0,
+                                                                       comm.rank)
     w: Optional[Worker] = None
     try:
         device = current_device(cfg.device, comm.local_rank, assigned_gpu)

@@ -304,7 +304,7 @@ def run_workers(cfg: TrainConfig, plan: dict, out_dir: str, ckpt_dir: str, spark
     args = (cfg.model_dump_json(), backend, plan, out_dir, ckpt_dir)
     if cfg.launcher == "inprocess":
         with relay(True, cfg.bind_address or "127.0.0.1"):
-            return run_inprocess(args, plan["workers"], cfg.start_timeout + cfg.stall_timeout)
+            return run_inprocess(args, plan["workers"])
     if cfg.launcher == "local":
         with relay(True, cfg.bind_address or "127.0.0.1"):
             return run_local(args, plan["workers"], host=cfg.bind_address)

@@ -6,6 +6,7 @@ asynchronous algorithm, time-budgeted rounds, stragglers -- under the simulated 
 results, or the first failed rank's error."""
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -140,53 +141,74 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
 
 def simulated(cfg) -> bool:
     """Whether an inprocess run of ``cfg`` (a TrainConfig) runs under the simulated clock: its result
-    depends on time (an asynchronous algorithm, also under SlowMo; time-budgeted local SGD; a time
-    schedule of SwarmSGD; active stragglers), or ``simulated_clock.always``."""
-    from .algorithms.async_common import ASYNC_ALGORITHMS, base_algorithm
+    depends on time (the algorithm, under any SlowMo, declares so: ``algorithms.time_round_steps``; an
+    asynchronous algorithm, time-budgeted rounds, a time schedule of SwarmSGD), active stragglers, or
+    ``simulated_clock.always``."""
+    from .algorithms import time_round_steps
 
-    base, params = base_algorithm(cfg.algorithm.name, cfg.algorithm.params)
-    return (cfg.simulated_clock.always or base in ASYNC_ALGORITHMS or base == "timed_local_sgd"
-            or (base == "swarm" and params.get("schedule") == "time") or cfg.stragglers.active)
+    return (cfg.simulated_clock.always or cfg.stragglers.active
+            or time_round_steps(cfg.algorithm.name, cfg.algorithm.params) is not None)
 
 
 def clock_settings(cfg):
     """``cfg.simulated_clock`` with ``step_s`` resolved: as given, else the time budget's own step where
-    the run has one (a time-mode round of ``round_seconds`` is meant to hold ``round_steps`` steps; a
-    time-budgeted round ``nominal_steps``; SwarmSGD's ``local_steps``), else 0.01 s."""
-    from .algorithms import validate_params
-    from .algorithms.async_common import ASYNC_ALGORITHMS, base_algorithm
+    the run has one (a round of ``round_seconds`` is meant to hold the steps the algorithm declares:
+    ``algorithms.time_round_steps``), else 0.01 s."""
+    from .algorithms import time_round_steps, validate_params
+    from .algorithms.async_common import base_algorithm
 
     clk = cfg.simulated_clock
     if clk.step_s is not None:
         return clk
     base, params = base_algorithm(cfg.algorithm.name, cfg.algorithm.params)
-    p = validate_params(base, params)
-    per_round = {"timed_local_sgd": "nominal_steps", "swarm": "local_steps"}.get(
-        base, "round_steps" if base in ASYNC_ALGORITHMS else None)
-    seconds = getattr(p, "round_seconds", None)
-    step = seconds / getattr(p, per_round) if per_round and seconds else 0.01
+    steps = time_round_steps(base, params)
+    seconds = getattr(validate_params(base, params), "round_seconds", None)
+    step = seconds / steps if steps and seconds else 0.01
     return clk.model_copy(update={"step_s": step})
 
 
-def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
+#: seconds the threads of an ended in-process run get to unwind, before and after they are interrupted
+END_GRACE_S = 5.0
+#: threads of an earlier in-process run in this process that could not be ended (blocked in a C call)
+_LEFTOVER: list = []
+
+
+def run_inprocess(args: tuple, world: int) -> list[dict]:
     """The M workers as ranks on threads of this process (:mod:`.comm.inprocess`): no process starts,
     no sockets; under the simulated clock when :func:`simulated` (then every rank's summary carries
     ``simulated_clock``: virtual seconds, thread switches, a digest of the order the threads ran in).
     Raises the first failed rank's error (a rank that stopped because another failed is not
-    reported)."""
+    reported).
+
+    Its only time limit is the stall limit, in wall-clock seconds (``stall_timeout``; 0: none), as the
+    worker watchdog's in a process of its own: a rank that completes no step, evaluation or
+    checkpoint for that long, blocked in a collective or outside one, ends the run
+    (:meth:`~.comm.inprocess.InProcessWorld.end`); its threads get :data:`END_GRACE_S` to unwind, a
+    rank thread that does not is interrupted, and the launcher raises one line naming the rank
+    (:class:`~.restart.WorkerLost`, relaunched like a stalled worker process). A simulated run's
+    virtual seconds count toward nothing. No thread of the run outlives the call; one that cannot be
+    ended (blocked inside a C call) fails the run with :class:`~.restart.TrainingFailed`, and this
+    process refuses every later in-process run."""
     import threading
 
     from .comm.inprocess import InProcessWorld, PeerFailed, bind
-    from .comm.simcore import SimDeadlock, Simulation
+    from .comm.simcore import RunEnded, SimDeadlock, Simulation
     from .config import TrainConfig
     from .entry import worker_entry
-    from .restart import WorkerLost
+    from .restart import TrainingFailed, WorkerLost
 
+    left = [t.name for t in _LEFTOVER if t.is_alive()]
+    if left:
+        raise TrainingFailed(f"launcher inprocess: thread(s) {', '.join(left)} of an earlier in-process run of this "
+                             "process still run (blocked inside a C call); start a new process for the next run")
     cfg = TrainConfig.model_validate_json(args[0])
+    for m in PRELOAD:       # once, before the ranks: M threads importing torch._dynamo at their first step
+        importlib.import_module(m)      # wait on each other for seconds (and count toward the stall limit)
     sim = Simulation(clock_settings(cfg), seed=cfg.seed) if simulated(cfg) else None
-    meeting = InProcessWorld(world, timeout_s=max(60.0, float(timeout_s)), sim=sim)
+    meeting = InProcessWorld(world, sim=sim, stall_s=cfg.stall_timeout)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
+    all_done = threading.Event()
 
     def rank_main(rank: int) -> None:
         bind(meeting, rank)
@@ -195,23 +217,82 @@ def run_inprocess(args: tuple, world: int, timeout_s: float) -> list[dict]:
         except BaseException as e:  # noqa: BLE001 - reported below
             errors[rank] = e
             meeting.abort()
+        finally:
+            meeting.finished(rank)
+            if len(meeting.done) == world:
+                all_done.set()
 
+    threads: list = []
     if sim is None:
         threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank-{r}", daemon=True) for r in range(world)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
     else:
         for r in range(world):
             sim.spawn(rank_main, (r,), f"rank-{r}")
-        sim.run(timeout_s)
+        sim.start()
+    finished = all_done.wait if sim is None else sim.wait
+    poll = min(1.0, cfg.stall_timeout / 4) if cfg.stall_timeout else 1.0
+    stall = None
+    while not finished(poll):
+        stall = meeting.stalled()
+        if stall is not None:
+            break
+    before_end = dict(errors)
+    if stall is not None:
+        rank, idle = stall
+        why = (f"rank {rank}: stalled: no step, evaluation or checkpoint completed for {idle:.0f} s "
+               f"(stall_timeout={cfg.stall_timeout:g}); the in-process run was ended")
+        meeting.end(why)
+        stuck = _wind_down(sim, threads, rank)
+        if stuck:
+            _LEFTOVER.extend(stuck)
+            raise TrainingFailed(f"{why}; its thread(s) {', '.join(t.name for t in stuck)} could not be stopped "
+                                 "(blocked inside a C call): this process runs no further in-process run")
+    for t in threads:
+        t.join()
+    consequences = (PeerFailed, SimDeadlock, RunEnded)
+    # once the run is ended, what the unwinding threads raise is a consequence of the stall
+    roots = {r: e for r, e in (before_end if stall is not None else errors).items() if not isinstance(e, consequences)}
+    if stall is not None and not roots:
+        raise WorkerLost(why, rank=stall[0])
+    if sim is not None:
         for res in results.values():
             for entry in res.get("ranks", []):
                 entry["simulated_clock"] = sim.summary()
-    consequences = (PeerFailed, SimDeadlock)
-    roots = {r: e for r, e in errors.items() if not isinstance(e, consequences)}
     return local_outcome(world, results, roots or errors, {}, WorkerLost)
+
+
+def _wind_down(sim, threads: list, rank: int, grace_s: float = END_GRACE_S) -> list:
+    """After ``InProcessWorld.end`` (every wait and beat of the run raises): a second for the run's
+    threads to unwind; then interrupt the thread of the stalled ``rank`` (a simulated run: the thread
+    holding the clock) and give them ``grace_s``; then interrupt every rank thread still running (a
+    simulated run: release the parked ones) and wait ``grace_s`` again. Returns the threads still alive."""
+    from .comm.inprocess import interrupt
+
+    def alive() -> list:
+        every = threads if sim is None else [k.thread for k in sim.tasks]
+        return [t for t in every if t is not None and t.is_alive()]
+
+    def settle(seconds: float = grace_s) -> list:
+        end = time.monotonic() + seconds
+        while alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        return alive()
+
+    if not settle(min(1.0, grace_s)):       # every wait and beat raises now: most runs unwind here
+        return []
+    holder = threads[rank] if sim is None else (sim.current.thread if sim.current is not None else None)
+    if holder is not None:
+        interrupt(holder)
+    if not settle():
+        return []
+    if sim is None:
+        for t in alive():
+            interrupt(t)
+    else:
+        sim.release()
+    return settle()
 
 
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")

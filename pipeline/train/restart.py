@@ -33,7 +33,7 @@ import logging
 import os
 import re
 import signal
-import threading
+import time
 from typing import Any, Callable, Optional
 
 from ..errors import ConfigError, PipelineError
@@ -84,7 +84,8 @@ def inject_fault(cfg_or_debug, rank: int, step: int) -> None:
         raise TypeError(f"fail_at_step={at} reached (simulated error in the code)")
     if mode == "hang":
         log.warning("rank %d: fail_at_step=%d reached: this worker blocks for good (hang)", rank, step)
-        threading.Event().wait()
+        while True:      # in Python, not one C call: the inprocess launcher can interrupt a rank thread
+            time.sleep(0.1)
     if mode in ("kill", "exit"):
         log.warning("rank %d: fail_at_step=%d reached: this worker process dies (%s)", rank, step, mode)
         if mode == "kill":

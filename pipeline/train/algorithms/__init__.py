@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from pydantic import BaseModel, ValidationError
 
@@ -74,6 +74,20 @@ def validate_params(name: str, params: dict) -> BaseModel:
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"unknown config key algorithm.params.{loc} for algorithm {name!r}") from None
         raise ConfigError(f"invalid config value algorithm.params.{loc}={first.get('input')!r}: {first['msg']}") from None
+
+
+def time_round_steps(name: str, params: Optional[dict]) -> Optional[int]:
+    """Whether the steps of algorithm ``name`` depend on time (an asynchronous algorithm, time-budgeted
+    rounds: the inprocess launcher runs it under the simulated clock), as its ``Params`` class declares
+    with ``time_round_steps()``: None when they do not, else the steps a round of ``round_seconds`` is
+    meant to hold (0: no such round). An algorithm whose ``Params`` do not declare it is refused in one
+    line, so none runs off the simulated clock by omission."""
+    p = validate_params(name, params or {})
+    declared = getattr(p, "time_round_steps", None)
+    if declared is None:
+        raise ConfigError(f"algorithm {name!r}: its Params ({type(p).__name__}) do not declare time_round_steps(), "
+                          "so the inprocess launcher cannot tell whether its steps depend on time")
+    return declared()
 
 
 def names() -> list[str]:

@@ -36,6 +36,10 @@ class ARSGD(Algorithm):
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    def time_round_steps(self) -> None:
+        """None: its steps do not depend on time (``algorithms.time_round_steps``)."""
+        return None
+
 
 def build(params: Params, ctx: BuildContext) -> ARSGD:
     return ARSGD(ctx.model.parameters(), ctx.optimizer, ctx.comm)

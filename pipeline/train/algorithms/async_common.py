@@ -61,6 +61,11 @@ class AsyncParams(BaseModel):
                                                      "(a slow but live peer is waited for without a bound)")
     seed: Optional[int] = Field(None, description="seed of random peer choices (default: rank-derived)")
 
+    def time_round_steps(self) -> int:
+        """Asynchronous: what happens between steps depends on time (time mode: a round of round_seconds
+        is meant to hold round_steps steps; ``algorithms.time_round_steps``)."""
+        return self.round_steps
+
 
 def base_algorithm(name: str, params: Optional[dict]) -> tuple[str, dict]:
     """The algorithm under any SlowMo wrappers and its parameters."""

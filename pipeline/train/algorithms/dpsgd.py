@@ -50,6 +50,10 @@ class DPSGDParams(BaseModel):
             raise ValueError("topology=regular needs degree")
         return self
 
+    def time_round_steps(self) -> None:
+        """None: its steps do not depend on time (``algorithms.time_round_steps``)."""
+        return None
+
 
 def check_mixing_matrix(w: np.ndarray, n: int, tol: float = 1e-9) -> None:
     """Raise ``ValueError`` unless ``w`` is an n x n symmetric, non-negative, doubly stochastic matrix."""

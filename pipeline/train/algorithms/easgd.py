@@ -59,6 +59,10 @@ class EASGDParams(BaseModel):
             raise ValueError("give alpha or rho, not both")
         return self
 
+    def time_round_steps(self) -> None:
+        """None: its steps do not depend on time (``algorithms.time_round_steps``)."""
+        return None
+
 
 class EASGD(Algorithm):
     name = "easgd"

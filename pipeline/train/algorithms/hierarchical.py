@@ -95,6 +95,10 @@ class Params(BaseModel):
                              f"{self.neighbourhood_period}, {self.world_period}")
         return self
 
+    def time_round_steps(self) -> None:
+        """None: its steps do not depend on time (``algorithms.time_round_steps``)."""
+        return None
+
 
 def build(params: Params, ctx: BuildContext) -> HierarchicalSGD:
     world = ctx.comm.world_size

@@ -53,6 +53,10 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
     period: int = Field(4, ge=1, description="H: local steps between parameter averages")
 
+    def time_round_steps(self) -> None:
+        """None: its steps do not depend on time (``algorithms.time_round_steps``)."""
+        return None
+
 
 class PostParams(Params):
     switch_step: int = Field(100, ge=0, description="AR-SGD for this many steps, then local SGD")

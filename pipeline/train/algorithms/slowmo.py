@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import BuildContext, Spec, build_algorithm, validate_params
+from . import BuildContext, Spec, build_algorithm, time_round_steps, validate_params
 from .averaging import ModelAverager
 from .base import Algorithm, RoundAlgorithm, is_round_driven
 
@@ -173,6 +173,10 @@ class Params(BaseModel):
             raise ValueError("SlowMo cannot wrap itself")
         validate_params(self.base, self.base_params)
         return self
+
+    def time_round_steps(self):
+        """Its base algorithm's (``algorithms.time_round_steps``)."""
+        return time_round_steps(self.base, self.base_params)
 
 
 def build(params: Params, ctx: BuildContext) -> SlowMo:

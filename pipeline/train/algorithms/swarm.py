@@ -64,6 +64,11 @@ class SwarmParams(BaseModel):
             raise ValueError("topology=regular needs degree")
         return self
 
+    def time_round_steps(self) -> Optional[int]:
+        """schedule=time: a round of round_seconds is meant to hold local_steps steps (else None: its steps
+        do not depend on time; ``algorithms.time_round_steps``)."""
+        return self.local_steps if self.schedule == "time" else None
+
 
 class SwarmSGD(RoundAlgorithm):
     name = "swarm"

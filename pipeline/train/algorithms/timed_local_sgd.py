@@ -33,6 +33,10 @@ class TimedLocalSGDParams(BaseModel):
     nominal_steps: int = Field(4, ge=1, description="expected steps per round (converts the step budget to rounds)")
     weighting: Literal["equal", "steps"] = Field("equal", description="equal average | weighted by steps taken")
 
+    def time_round_steps(self) -> int:
+        """Its rounds are time budgets meant to hold nominal_steps steps (``algorithms.time_round_steps``)."""
+        return self.nominal_steps
+
 
 class TimedLocalSGD(RoundAlgorithm):
     name = "timed_local_sgd"

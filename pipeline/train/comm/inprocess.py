@@ -26,23 +26,101 @@ synchronous algorithms, whose results do not depend on the interleaving).
 
 A rank that fails breaks every rendezvous, so the other ranks stop at their next collective with
 :class:`PeerFailed` instead of waiting; the launcher reports the rank that failed first.
+
+What a real run has and the ranks of one process would otherwise share or mix up:
+
+* **rendezvous per process group**: a rendezvous is keyed by the communicator it belongs to (the
+  world, or the host view of a CUDA world: torch.distributed's gloo group of its own) and its ranks,
+  so collectives of two groups never meet even when their ranks are the same;
+* **tensors that match**: a collective whose ranks pass tensors of other counts, shapes or dtypes
+  fails on every rank with one line naming them (gloo refuses them too; summing them would broadcast);
+* **no global random generator**: the ranks share torch's, numpy's and Python's global generators.
+  After the model is built (each rank seeds them and draws its initial weights under one lock) nothing
+  may draw from them: every progress beat compares them with their state after the build, and a rank
+  that finds them moved (dropout, ``randperm`` without a generator, ``random.random()``) fails with
+  one line. So every rank's checkpoint holds the state its own process would hold.
+
+**Stalls** (:meth:`InProcessWorld.watch`, the in-process counterpart of the worker
+:class:`~pipeline.train.watchdog.Watchdog`): every rank beats after each step, evaluation and
+checkpoint; the launcher ends the run (:meth:`InProcessWorld.end`) when a rank has not beaten for
+``stall_s`` seconds of wall clock, whether it is blocked in a collective or outside one. Ending
+breaks every rendezvous and mailbox, ends the simulated clock's run, and makes every later wait and
+beat of the run raise :class:`RunEnded`; the launcher then interrupts a rank thread that still does
+not return (:func:`interrupt`). A rendezvous has no time limit of its own unless ``timeout_s`` is
+given (wall clock; a simulated world's waits have none: the simulation's own deadlock detection and
+the launcher's stall limit end them).
 """
 from __future__ import annotations
 
 import collections
+import ctypes
+import random
 import threading
+import time
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 
+from ...errors import ConfigError
 from . import simclock
 from .base import Communicator, Group, nbytes
+from .simcore import RunEnded
 
 _current = threading.local()
 
 
 class PeerFailed(RuntimeError):
     """Another rank of the process failed: this rank's collective cannot complete."""
+
+
+class GlobalRandomUsed(ConfigError):
+    """A rank drew from the process's global random generators, which the ranks share."""
+
+
+class _Ended(RunEnded, PeerFailed):
+    """The run was ended (a stall, another rank's failure): raised in a rank thread to unwind it."""
+
+
+def interrupt(thread: threading.Thread) -> bool:
+    """Raise :class:`RunEnded` in ``thread`` at its next Python instruction (CPython's
+    ``PyThreadState_SetAsyncExc``): a rank blocked in Python code (a sleep loop, a poll) unwinds; one
+    blocked inside a C call returns to Python first. True when the thread was found."""
+    if thread.ident is None or not thread.is_alive():
+        return False
+    n = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Ended))
+    return n == 1
+
+
+def _global_rng_state() -> tuple:
+    _, key, pos, _, _ = np.random.get_state()
+    return torch.get_rng_state(), key.copy(), pos, random.getstate()
+
+
+def _same_rng(a: tuple, b: tuple) -> bool:
+    return torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+
+
+def check_match(op: str, parts: Sequence, ranks: Sequence[int], root: Optional[int] = None) -> None:
+    """Every rank's tensors of one collective have the same count, shapes and dtypes (``root``: the
+    others must match the root's); else ValueError naming the first rank and tensor that differ."""
+    ref_i = ranks.index(root) if root is not None else 0
+    ref = parts[ref_i]
+    for i, mine in enumerate(parts):
+        if mine is None or i == ref_i:
+            continue
+        if len(mine) != len(ref):
+            raise ValueError(f"{op}: rank {ranks[i]} passed {len(mine)} tensors, rank {ranks[ref_i]} {len(ref)}: "
+                             "every rank must pass the same tensors (gloo refuses the call too)")
+        for k, (a, b) in enumerate(zip(mine, ref)):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(f"{op}: tensor {k} is {_describe(a)} on rank {ranks[i]} but {_describe(b)} on rank "
+                                 f"{ranks[ref_i]}: every rank must pass the same shapes and dtypes (gloo refuses "
+                                 "the call too)")
 
 
 class _Collected(list):
@@ -64,9 +142,10 @@ class _Collected(list):
 class _Room:
     """One group's rendezvous: each member puts its payload, all take the list in rank order."""
 
-    def __init__(self, ranks: tuple[int, ...], timeout_s: float) -> None:
+    def __init__(self, world: "InProcessWorld", ranks: tuple[int, ...]) -> None:
+        self.world = world
         self.ranks = ranks
-        self.timeout_s = timeout_s
+        self.timeout_s = world.timeout_s if world.sim is None else None   # virtual waits: no limit
         self.cv = simclock.condition()
         self.slots: list[Any] = [None] * len(ranks)
         self.arrived = 0
@@ -78,6 +157,7 @@ class _Room:
         i = self.ranks.index(rank)
         with self.cv:
             if self.broken:
+                self.world.check(rank)
                 raise PeerFailed(f"rank {rank}: another rank of the in-process world failed")
             self.slots[i] = payload
             self.arrived += 1
@@ -88,12 +168,17 @@ class _Room:
                 self.cv.notify_all()
                 return self.out
             gen = self.generation
-            if not self.cv.wait_for(lambda: self.generation != gen or self.broken, self.timeout_s) \
-                    or self.generation == gen:
+            self.world.waiting.add(rank)
+            try:
+                arrived = self.cv.wait_for(lambda: self.generation != gen or self.broken, self.timeout_s)
+            finally:
+                self.world.waiting.discard(rank)
+            if not arrived or self.generation == gen:
                 self.broken = True
                 self.cv.notify_all()
-                raise PeerFailed(f"rank {rank}: another rank of the in-process world failed or did not arrive "
-                                 f"within {self.timeout_s:.0f} s")
+                self.world.check(rank)
+                raise PeerFailed(f"rank {rank}: another rank of the in-process world failed" +
+                                 (f" or did not arrive within {self.timeout_s:g} s" if not arrived else ""))
             return self.out      # the next generation cannot complete before this rank joins it
 
     def abort(self) -> None:
@@ -114,7 +199,7 @@ class _Mailbox:
             self.items.append(item)
             self.cv.notify_all()
 
-    def get(self, failed: threading.Event, timeout_s: float) -> Any:
+    def get(self, failed: threading.Event, timeout_s: Optional[float]) -> Any:
         with self.cv:
             if not self.cv.wait_for(lambda: self.items or failed.is_set(), timeout_s) or not self.items:
                 raise PeerFailed("another rank of the in-process world failed or did not answer")
@@ -122,26 +207,98 @@ class _Mailbox:
 
 
 class InProcessWorld:
-    """The meeting place of the ranks of one in-process run."""
+    """The meeting place of the ranks of one in-process run. ``timeout_s``: a wall-clock limit on each
+    wait of a free-thread world (None: none; the launcher's stall limit ends a stalled run);
+    ``stall_s``: the seconds without a beat after which :meth:`stalled` names a rank (0: never)."""
 
-    def __init__(self, size: int, timeout_s: float = 600.0, sim: Optional[simclock.Simulation] = None) -> None:
+    def __init__(self, size: int, timeout_s: Optional[float] = None, sim: Optional[simclock.Simulation] = None,
+                 stall_s: float = 0.0) -> None:
         if size < 1:
             raise ValueError(f"an in-process world needs at least one rank, got {size}")
-        self.size, self.timeout_s = int(size), float(timeout_s)
+        self.size = int(size)
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.sim = sim
         self.messages = simclock.Mailboxes(sim) if sim is not None else None
         self._lock = threading.Lock()
-        self._rooms: dict[tuple[int, ...], _Room] = {}
+        self._rooms: dict[tuple, _Room] = {}
         self._mail: dict[tuple[int, int], _Mailbox] = {}
         self.failed = threading.Event()
+        self.ended: Optional[str] = None          # why the run was ended (end())
+        self.stall_s = float(stall_s or 0)
+        self.beats = [time.monotonic()] * self.size
+        self.done: set[int] = set()               # ranks whose thread returned
+        self.waiting: set[int] = set()            # ranks waiting in a rendezvous of a free-thread world
+        self._rng: Optional[tuple] = None         # the global generators' state after the model's build
 
-    def room(self, ranks: tuple[int, ...]) -> _Room:
+    def room(self, ranks: tuple[int, ...], space: str = "world") -> _Room:
+        """The rendezvous of ``ranks`` on the communicator ``space`` (the world, or a CUDA world's host view)."""
         with self._lock:
             if self.failed.is_set():
                 raise PeerFailed("another rank of the in-process world failed")
-            if ranks not in self._rooms:
-                self._rooms[ranks] = _Room(ranks, self.timeout_s)
-            return self._rooms[ranks]
+            key = (space, ranks)
+            if key not in self._rooms:
+                self._rooms[key] = _Room(self, ranks)
+            return self._rooms[key]
+
+    # ------------------------------------------------------------------ progress and stalls
+    def watch(self, rank: int) -> "_Watch":
+        """Rank ``rank``'s progress beats (what the worker's watchdog is in a process of its own)."""
+        return _Watch(self, rank)
+
+    def beat(self, rank: int) -> None:
+        self.check(rank)
+        self.beats[rank] = time.monotonic()
+        state = _global_rng_state()
+        if self._rng is None:
+            self._rng = state
+        elif not _same_rng(state, self._rng):
+            raise GlobalRandomUsed(
+                f"rank {rank}: the process's global random generators (torch, numpy or random) were drawn from "
+                "during training (dropout, randperm or a draw without a generator of its own?); on launcher "
+                "inprocess the ranks share them, so the run would differ from a real one: use launcher local")
+
+    def finished(self, rank: int) -> None:
+        self.done.add(rank)
+
+    def stalled(self, now: Optional[float] = None) -> Optional[tuple[int, float]]:
+        """(rank, seconds) of the rank that stalls, else None. A rank stalls when it has not beaten for
+        ``stall_s`` while blocked outside a collective, or when no rank that is still running has (they
+        all wait, in collectives or not); a rank that waits in a collective for a peer that still beats
+        is waiting, not stalled. A simulated world runs one thread at a time, so it stalls as a whole:
+        the rank named is the one whose thread holds the clock."""
+        if not self.stall_s:
+            return None
+        now = time.monotonic() if now is None else now
+        running = [r for r in range(self.size) if r not in self.done]
+        late = {r: now - self.beats[r] for r in running if now - self.beats[r] >= self.stall_s}
+        if not late:
+            return None
+        if self.sim is not None:
+            if len(late) < len(running):
+                return None           # another rank beats: the simulation is moving
+            holder = self.sim.current.name if self.sim.current is not None else ""
+            r = int(holder[5:]) if holder.startswith("rank-") and holder[5:].isdigit() else min(late)
+            return (r, late.get(r, max(late.values())))
+        outside = [r for r in late if r not in self.waiting]
+        if not outside and len(late) < len(running):
+            return None               # they wait for a rank that still beats
+        r = max(outside or late, key=lambda k: late[k])
+        return (r, late[r])
+
+    def check(self, rank: int) -> None:
+        """Raise :class:`RunEnded` when the run was ended or another rank failed."""
+        if self.ended is not None:
+            raise _Ended(f"rank {rank}: the in-process run was ended: {self.ended}")
+        if self.failed.is_set():
+            raise _Ended(f"rank {rank}: another rank of the in-process world failed")
+
+    def end(self, why: str) -> None:
+        """End the run: every rendezvous breaks, every later wait and beat raises :class:`RunEnded`."""
+        self.ended = self.ended or why
+        if self.sim is not None:
+            self.sim.end(why)
+        else:
+            self.abort()
 
     def mailbox(self, src: int, dst: int) -> _Mailbox:
         with self._lock:
@@ -155,7 +312,7 @@ class InProcessWorld:
             self.sim.sleep(self.sim.transfer_seconds(nbytes_))
 
     def abort(self) -> None:
-        """A rank failed: every rendezvous breaks, so no rank waits for it."""
+        """A rank failed: every rendezvous breaks, so no rank waits for it (called by rank threads)."""
         self.failed.set()
         with self._lock:
             rooms, boxes = list(self._rooms.values()), list(self._mail.values())
@@ -164,6 +321,24 @@ class InProcessWorld:
         for b in boxes:
             with b.cv:
                 b.cv.notify_all()
+
+
+class _Watch:
+    """The interface of :class:`~pipeline.train.watchdog.Watchdog` over a world's beats."""
+
+    active = True
+
+    def __init__(self, world: InProcessWorld, rank: int) -> None:
+        self.world, self.rank = world, rank
+
+    def beat(self) -> None:
+        self.world.beat(self.rank)
+
+    def failing(self, grace_s: float = 0.0) -> None:
+        """Nothing to arm: the launcher bounds the run's end."""
+
+    def stop(self) -> None:
+        """Nothing to stop: the launcher notes the rank's end when its thread returns."""
 
 
 def bind(world: InProcessWorld, rank: int) -> None:
@@ -189,6 +364,7 @@ class InProcessCommunicator(Communicator):
         self._world, self._rank = world, int(rank)
         self.device = torch.device(device)
         self._host: Optional[InProcessCommunicator] = None
+        self._space = "world"        # whose rendezvous: the world's, or the host view's (its own group)
         self.point_to_point = world.sim is not None   # the pair channels of a simulated world
 
     def p2p_channel(self, pairs, liveness=None):
@@ -198,6 +374,10 @@ class InProcessCommunicator(Communicator):
         if self._world.sim is None:
             raise RuntimeError("point-to-point channels need an in-process world with a simulated clock")
         return SimChannel(self._world.messages, self._rank, self.world_size, pairs, liveness)
+
+    def stall_watch(self):
+        """This rank's progress beats for the launcher's stall limit (see module docstring)."""
+        return self._world.watch(self._rank)
 
     def liveness(self, dead_after_s: float):
         """No heartbeats: the ranks share one process, and a rank that fails breaks the world."""
@@ -217,18 +397,19 @@ class InProcessCommunicator(Communicator):
         if self._host is None:
             self._host = InProcessCommunicator(self._world, self._rank, "cpu")
             self._host.stats = self.stats      # one account of the worker's traffic
+            self._host._space = "host"         # torch.distributed: a gloo group of its own
         return self._host
 
     def new_group(self, ranks: Sequence[int]) -> Group:
         key = tuple(sorted(int(r) for r in ranks))
         if not key or key[0] < 0 or key[-1] >= self.world_size:
             raise ValueError(f"in-process world has ranks 0..{self.world_size - 1}, got group {list(ranks)}")
-        return Group(key, self._world.room(key))
+        return Group(key, self._world.room(key, self._space))
 
     def _room(self, group: Optional[Group]) -> _Room:
         if group is None:
-            return self._world.room(tuple(range(self.world_size)))
-        return group.handle if isinstance(group.handle, _Room) else self._world.room(group.ranks)
+            return self._world.room(tuple(range(self.world_size)), self._space)
+        return group.handle if isinstance(group.handle, _Room) else self._world.room(group.ranks, self._space)
 
     def allreduce_mean_(self, tensors: Sequence[torch.Tensor], group: Optional[Group] = None) -> None:
         tensors = list(tensors)
@@ -242,6 +423,7 @@ class InProcessCommunicator(Communicator):
         size = len(room.ranks)
 
         def mean() -> list[torch.Tensor]:   # on the tensors' devices (ranks may sit on different GPUs)
+            check_match("allreduce_mean_", parts, room.ranks)
             out = []
             for i in range(len(tensors)):
                 acc = parts[0][i].to(tensors[i].device, copy=True)
@@ -266,6 +448,8 @@ class InProcessCommunicator(Communicator):
             parts = self._room(None).gather(self._rank, mine)
             self._world.delay(nbytes(tensors))
         if self._rank != root:
+            check_match("broadcast_", [tensors if r == self._rank else p for r, p in enumerate(parts)],
+                        list(range(self.world_size)), root)
             for t, src in zip(tensors, parts[root]):
                 t.copy_(src)
 
@@ -284,7 +468,8 @@ class InProcessCommunicator(Communicator):
                 raise PeerFailed(f"rank {self._rank}: rank {partner} of the in-process world failed or did not "
                                  "answer") from None
             self._world.delay(nbytes(tensors))
-            return [g.to(t.device) for g, t in zip(got, tensors)]
+        check_match("exchange", [tensors, got], [self._rank, partner])
+        return [g.to(t.device) for g, t in zip(got, tensors)]
 
     def barrier(self) -> None:
         with self._timed(0):

@@ -2,6 +2,13 @@
 one at a time in virtual time, the thread due first next, ties broken by the simulation's seeded
 generator; :func:`current` is the simulation of the calling thread. The primitives the algorithms
 use (locks, events, threads, ...) and the compute-time model's step are in :mod:`.simclock`.
+
+A run is ended from outside (:meth:`Simulation.end`: a stall, a timeout, the launcher giving up):
+from then on every wait of its threads raises :class:`RunEnded`, so each thread unwinds, one at a
+time as before. A thread that holds the baton and never waits again (blocked outside the
+simulation) is the caller's to interrupt; :meth:`Simulation.release` then lets the parked threads
+unwind without it. :meth:`Simulation.run` with a ``timeout_s`` ends the run that way before it raises,
+so no thread of it outlives the call (:meth:`Simulation.alive` names any that did).
 """
 from __future__ import annotations
 
@@ -22,6 +29,10 @@ class SimDeadlock(RuntimeError):
     """Every thread of a simulated run waits for another: nothing can happen any more."""
 
 
+class RunEnded(RuntimeError):
+    """The run this thread belongs to was ended from outside (:meth:`Simulation.end`): it unwinds."""
+
+
 class _Task:
     """One simulated thread."""
 
@@ -36,6 +47,7 @@ class _Task:
         self.error: Optional[BaseException] = None
         self.finished = False
         self.joiners: list[_Task] = []
+        self.thread: Optional[threading.Thread] = None
 
 
 class Simulation:
@@ -57,6 +69,8 @@ class Simulation:
         self._trace = hashlib.sha1()
         self._step_rngs: dict[int, np.random.Generator] = {}
         self.failure: Optional[BaseException] = None
+        self.ended: Optional[str] = None     # why the run was ended from outside (end())
+        self._released = False              # release(): the parked threads unwind on their own
 
     # ------------------------------------------------------------------ the clock and the model
     def clock(self) -> float:
@@ -83,22 +97,60 @@ class Simulation:
         t = _Task(name)
         self.tasks.append(t)
         self._push(t, self.now)
-        threading.Thread(target=self._main, args=(t, fn, args), daemon=True, name=name).start()
+        t.thread = threading.Thread(target=self._main, args=(t, fn, args), daemon=True, name=name)
+        t.thread.start()
         return t
 
-    def run(self, timeout_s: Optional[float] = None) -> None:
-        """Run the spawned threads to their end (called by a thread outside the simulation)."""
+    def start(self) -> None:
+        """Hand the baton to the first thread (called once, by a thread outside the simulation)."""
         nxt = self._next()
-        if nxt is not None:
+        if nxt is None:
+            self._finished.set()
+        else:
             self._resume(nxt)
-            if not self._finished.wait(timeout_s):
-                raise TimeoutError(f"the simulated run did not end within {timeout_s:.0f} s of wall clock")
+
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Wait (wall clock) until every thread of the run has ended; False when ``timeout_s`` passed first."""
+        return self._finished.wait(timeout_s)
+
+    def run(self, timeout_s: Optional[float] = None, grace_s: float = 5.0) -> None:
+        """Run the spawned threads to their end (called by a thread outside the simulation). After
+        ``timeout_s`` seconds of wall clock the run is ended (:meth:`end`), its threads get ``grace_s``
+        to unwind (then the parked ones are released), and TimeoutError is raised."""
+        self.start()
+        if not self.wait(timeout_s):
+            self.end(f"the simulated run did not end within {timeout_s:g} s of wall clock")
+            if not self.wait(grace_s):
+                self.release()
+                self.wait(grace_s)
+            left = self.alive()
+            raise TimeoutError(f"the simulated run did not end within {timeout_s:g} s of wall clock" +
+                               (f"; threads still running: {', '.join(left)}" if left else ""))
+
+    def end(self, why: str) -> None:
+        """End the run from outside: every wait of its threads raises :class:`RunEnded` (``why``)."""
+        self.ended = self.ended or why
+
+    def release(self) -> None:
+        """After :meth:`end`, when the thread holding the baton does not return: let every parked
+        thread unwind without it (they no longer take turns)."""
+        self._released = True
+        for t in list(self.tasks):
+            if not t.finished and t is not self.current:
+                t.error, t.woken = RunEnded(self.ended or "the run was ended"), True
+                t.go.set()
+
+    def alive(self) -> list[str]:
+        """The names of the run's threads that are still running."""
+        return [t.name for t in self.tasks if t.thread is not None and t.thread.is_alive()]
 
     def _main(self, t: _Task, fn: Callable, args: tuple) -> None:
         t.go.wait()
         t.go.clear()
         _tls.sim, _tls.task = self, t
         try:
+            if t.error is not None:     # released before it ever ran
+                raise t.error
             fn(*args)
         except BaseException as e:  # noqa: BLE001 - a thread's own failure; the rank threads report theirs
             self.failure = self.failure or e
@@ -107,6 +159,10 @@ class Simulation:
             for j in t.joiners:
                 self.wake(j)
             self._idle_polls = 0
+            if self._released:      # the threads unwind on their own: no baton to pass
+                if all(x.finished for x in self.tasks):
+                    self._finished.set()
+                return
             nxt = self._next()
             if nxt is None:
                 self._finished.set()
@@ -125,6 +181,11 @@ class Simulation:
         heapq.heappush(self._ready, (max(due, self.now), float(self._rng.random()), next(self._seq), t.ticket, t))
 
     def _next(self) -> Optional[_Task]:
+        if self.ended is not None:          # every waiting thread unwinds with RunEnded
+            for t in self.tasks:
+                if t.paused and not t.finished and t.error is None:
+                    t.error, t.woken = RunEnded(self.ended), True
+                    self._push(t, self.now)
         while True:
             while self._ready:
                 due, _, _, ticket, t = heapq.heappop(self._ready)
@@ -167,6 +228,8 @@ class Simulation:
         Returns True when woken, False when the timer fired. ``progress``: the timer is work (a step's
         compute time, a message in transit), not a poll."""
         me = self.me()
+        if self.ended is not None:
+            raise RunEnded(self.ended)
         me.paused, me.woken, me.what, me.progress = True, False, what, progress
         me.ticket += 1
         if until is not None:
