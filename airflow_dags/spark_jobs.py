@@ -26,6 +26,9 @@ Design points:
 * **Extra overrides**: the DAG param ``extra_sets`` maps a task id to a list of ``key=value``
   strings appended as ``--set`` to that task's command (for example a one-epoch run:
   ``{"train": ["train.epochs=1"]}``).
+* **What a trigger may change**: only the params and ``extra_sets`` keys the Airflow Variable
+  ``pipeline_trigger_keys`` enables; every task refuses any other key of its run's conf in one
+  line before ``spark-submit`` (:func:`check_trigger`, docs/airflow.md#what-a-trigger-may-change).
 """
 from __future__ import annotations
 
@@ -130,6 +133,24 @@ def with_extra_sets(args: Optional[Sequence[str]], params: Optional[Mapping[str,
     return out
 
 
+def check_trigger(task: Any, context: Any) -> None:
+    """Fail the task, before anything runs, when the DAG run's conf changes what the deployment does not
+    enable (Airflow Variable ``pipeline_trigger_keys``; :func:`pipeline.dag_settings.trigger_refusal`)."""
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipeline.dag_settings import TRIGGER_VARIABLE, trigger_refusal
+
+    dag_run = context.get("dag_run")
+    conf = getattr(dag_run, "conf", None) or {}
+    if not conf:
+        return
+    defaults = {k: task.dag.params[k] for k in task.dag.params}
+    refusal = trigger_refusal(conf, defaults, Variable.get(TRIGGER_VARIABLE, default=None))
+    if refusal:
+        raise AirflowFailException(refusal)
+
+
 class PipelineJobOperator(SparkSubmitOperator):
     """``spark-submit jobs/<job>.py`` with the job's config, run-scoped ``--set`` values and the
     ``extra_sets`` DAG param of this task appended at execution time."""
@@ -152,6 +173,7 @@ class PipelineJobOperator(SparkSubmitOperator):
         self.job = job
 
     def execute(self, context: Any) -> Any:
+        check_trigger(self, context)
         self.application_args = with_extra_sets(self.application_args, context.get("params"), self.task_id)
         self.log.info("spark-submit %s %s", self.application, " ".join(self.application_args))
         return super().execute(context)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -62,6 +62,9 @@ class HepIngestDailyParams(CommonParams):
                                                            "with another size or modification time")
     model: Literal["hlf", "gru", "inclusive"] = Field("hlf", description="the dataset sharded: hlf, or llf "
                                                       "(gru / inclusive)")
+    quarantine_after: int = Field(3, ge=0, description="a landed file that failed in this many ingest runs "
+                                  "(attempts and retries count) is quarantined and skipped; with ingest_retries."
+                                  "retries >= quarantine_after - 1 the day's run gets past it (0: never)")
 
 
 class DagSettingsBase(_Strict):
@@ -105,6 +108,74 @@ class HepIngestDailyDagSettings(DagSettingsBase):
     """``configs/dag_hep_ingest_daily.yaml``."""
 
     params: HepIngestDailyParams = Field(default_factory=HepIngestDailyParams)
+
+
+# ---------------------------------------------------------------------------- what a trigger may change
+#: the Airflow Variable naming what a DAG run's conf may change (docs/airflow.md#what-a-trigger-may-change)
+TRIGGER_VARIABLE = "pipeline_trigger_keys"
+
+
+class TriggerKeys(_Strict):
+    """The value of the Variable ``pipeline_trigger_keys`` (JSON): the DAG params a trigger may set,
+    and per task id the ``--set`` keys its ``extra_sets`` may carry; ``"*"`` enables every param, task
+    or key. Unset: a trigger may change nothing."""
+
+    params: list[str] = Field(default_factory=list, description="DAG params a trigger may set (not extra_sets)")
+    extra_sets: dict[str, list[str]] = Field(default_factory=dict,
+                                             description="task id -> --set keys a trigger may add to it")
+
+
+def _enabled(names, name: str) -> bool:
+    return "*" in names or name in names
+
+
+def trigger_refusal(conf: Optional[Mapping[str, Any]], defaults: Mapping[str, Any],
+                    enabled_json: Optional[str]) -> Optional[str]:
+    """None when a DAG run's ``conf`` changes only what the Variable's value ``enabled_json`` enables
+    (a param or an ``extra_sets`` item left at the DAG's default ``defaults`` is no change: the trigger
+    form sends every param); else one line naming every key it refuses (never a value: a conf may
+    carry anything)."""
+    try:
+        enabled = TriggerKeys.model_validate_json(enabled_json) if enabled_json else TriggerKeys()
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "value"
+        return (f"DAG trigger refused: Airflow Variable {TRIGGER_VARIABLE}: {where}: {err['msg']} (expected JSON "
+                '{"params": [<param>, ...], "extra_sets": {<task id>: [<--set key>, ...]}})')
+    refused: list[str] = []
+    for key, value in (conf or {}).items():
+        if key == "extra_sets":
+            refused += _refused_sets(value, defaults.get("extra_sets") or {}, enabled.extra_sets)
+        elif not (_enabled(enabled.params, key) or (key in defaults and value == defaults[key])):
+            refused.append(key)
+    if not refused:
+        return None
+    sets = "; ".join(f"extra_sets.{t}: {', '.join(k)}" for t, k in sorted(enabled.extra_sets.items()))
+    return (f"DAG trigger refused: its conf changes {', '.join(refused)}, which this deployment does not let a "
+            f"trigger change (Airflow Variable {TRIGGER_VARIABLE} enables: "
+            f"{', '.join(enabled.params) or 'no param'}{'; ' + sets if sets else ''})")
+
+
+def _refused_sets(value: Any, default: Mapping[str, Any], enabled: Mapping[str, list[str]]) -> list[str]:
+    if not isinstance(value, Mapping):
+        return ["extra_sets (not an object of task id -> list of key=value)"]
+    out = []
+    for task, items in value.items():
+        items = [items] if isinstance(items, str) else items
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            out.append(f"extra_sets.{task} (not a list of key=value)")
+            continue
+        keys = [t for t in ("*", str(task)) if t in enabled]
+        allowed = [k for t in keys for k in enabled[t]]
+        for item in items:
+            if item in (default.get(task) or []):
+                continue
+            k, eq, _ = item.partition("=")
+            if not eq or not k.strip():
+                out.append(f"extra_sets.{task}: an item that is not key=value")
+            elif not _enabled(allowed, k.strip()):
+                out.append(f"extra_sets.{task}: {k.strip()}")
+    return out
 
 
 MODELS: dict[str, type[DagSettingsBase]] = {"hep": HepDagSettings, "images": ImagesDagSettings,

@@ -118,6 +118,8 @@ def airflow_env(home: Path, conn_id: str = "spark_local") -> dict[str, str]:
         # local[2] as the connection's master (URL-quoted brackets), client deploy mode
         "AIRFLOW_CONN_" + conn_id.upper(): "spark://local%5B2%5D?deploy-mode=client",
         "PIPELINE_SPARK_CONN_ID": conn_id,
+        # the tests trigger runs with any conf (docs/airflow.md#what-a-trigger-may-change)
+        "AIRFLOW_VAR_PIPELINE_TRIGGER_KEYS": '{"params": ["*"], "extra_sets": {"*": ["*"]}}',
         "PATH": str(VENV_BIN) + os.pathsep + os.environ.get("PATH", ""),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
