@@ -401,6 +401,7 @@ def test_features_and_shards_from_table_snapshots_and_versions(spark, tmp_path, 
     assert ingest_root(cfg, spark)["new_files"] == 1
     day2 = build_features(fcfg, spark)
     assert len(day2["files"]) == 3 and day2["splits"]["train"] == day1["splits"]["train"] + 1
+    assert (day1["input_versions"], day2["input_versions"]) == ({str(table): 0}, {str(table): 1})   # in report.json
     hlf = deltalog_loc(feats / "hlf")
     records = deltalog.commits(hlf)
     assert [v for v, _ in records] == [0, 1] and deltalog.snapshot(hlf).version == 1
