@@ -120,6 +120,10 @@ def test_allgather_gather_and_point_to_point():
     assert c.p2p(1, 2, 1e6).seconds == approx(1.001)
     assert c.p2p(1, 2, 1e6, flows=3).seconds == approx(3.001)      # three flows share the interface
     assert c.p2p(3, 0, 5e5).link_bytes == {"node1->node0": approx(5e5)}
+    # a message 1 -> 2 while 0 -> 2 and 1 -> 3 cross from node 0 to node 1 and 0 -> 1 stays inside
+    # node 0: three flows leave node 0 (and enter node 1) at once
+    assert c.concurrent(1, 2, [(0, 2), (1, 3), (0, 1)]) == 3
+    assert c.concurrent(2, 0, [(0, 2), (1, 3)]) == 1 and c.concurrent(0, 1, [(0, 2)]) == 1
     # barrier: the latencies of a zero-byte ring allreduce, 2*((4-2)*10 us + 1 ms)
     assert c.barrier(range(4)).seconds == approx(2.04e-3)
 

@@ -353,6 +353,16 @@ class Cluster:
     def barrier(self, ranks: Iterable[int]) -> Cost:
         return Cost(self.ring_allreduce(ranks, 0).seconds)
 
+    def concurrent(self, src: int, dst: int, in_flight: Iterable[tuple[int, int]]) -> int:
+        """How many flows a new message ``src -> dst`` shares its bottleneck with, itself included,
+        while the messages ``in_flight`` (src, dst) are in transit: 1 inside a node, else 1 + the
+        larger of those leaving ``src``'s node and those entering ``dst``'s node across nodes."""
+        na, nb = self.node_of(src), self.node_of(dst)
+        if na == nb:
+            return 1
+        pairs = [(self.node_of(a), self.node_of(b)) for a, b in in_flight]
+        return 1 + max(sum(1 for x, y in pairs if x == na and y != na), sum(1 for x, y in pairs if y == nb and x != nb))
+
     def p2p(self, src: int, dst: int, nbytes: float, flows: int = 1) -> Cost:
         if int(src) == int(dst):
             raise ValueError(f"a message from rank {src} to itself")
@@ -372,7 +382,7 @@ class FlatCost:
         _check("bytes_per_s", self.bytes_per_s, positive=True)
 
     def _c(self, nbytes: float) -> Cost:
-        return Cost(self.latency_s + float(nbytes) / self.bytes_per_s, {"flat": float(nbytes)} if nbytes else {})
+        return Cost(self.latency_s + float(nbytes) / self.bytes_per_s)      # no links: no bytes per link
 
     def allreduce(self, ranks, nbytes):
         return self._c(nbytes)
@@ -388,6 +398,9 @@ class FlatCost:
 
     def barrier(self, ranks):
         return self._c(0)
+
+    def concurrent(self, src, dst, in_flight) -> int:
+        return 1
 
     def p2p(self, src, dst, nbytes, flows: int = 1):
         return self._c(nbytes)
