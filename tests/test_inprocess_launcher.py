@@ -218,6 +218,36 @@ SYNCHRONOUS = [{"name": "arsgd"}, {"name": "local_sgd", "params": {"period": 3}}
                {"name": "slowmo", "params": {"base": "local_sgd", "base_params": {"period": 2}}}]
 
 
+def test_a_rank_blocked_inside_a_c_call_fails_the_run_and_no_later_run_overlaps_it(digits2, tmp_path,
+                                                                                     monkeypatch):
+    """A rank blocked in one C call (an Event's wait: what a deadlocked loader's queue does) cannot be
+    interrupted: the stalled run fails in one line naming its thread, and the process refuses the next
+    in-process run while that thread lives instead of running beside it."""
+    import pipeline.train.local_launchers as launchers
+    import pipeline.train.restart as restart
+
+    gate = threading.Event()
+
+    def blocks_in_c(debug, rank, step):
+        if rank == 1 and step == 2:
+            gate.wait()
+
+    monkeypatch.setattr(restart, "inject_fault", blocks_in_c)
+    monkeypatch.setattr(launchers, "END_GRACE_S", 0.5)
+    cfg = _cfg(digits2, tmp_path / "o", "inprocess", {"name": "arsgd"}, stall_timeout=2, max_steps=6)
+    try:
+        err, secs, _ = _bounded(lambda: train(cfg), 60)
+        assert "rank 1: stalled: no step, evaluation or checkpoint completed for 2 s" in str(err), err
+        assert "its thread(s) rank-1 could not be stopped (blocked inside a C call)" in str(err), err
+        with pytest.raises(Exception, match=r"thread\(s\) rank-1 of an earlier in-process run of this process still "
+                                            r"run"):
+            train(cfg.model_copy(update={"output": str(tmp_path / "next")}))
+    finally:
+        gate.set()                     # the blocked call returns; the interrupt ends the thread
+    time.sleep(0.5)
+    assert not [t for t in threading.enumerate() if t.name == "rank-1"]
+
+
 # slow (about 8 s an algorithm): each also runs on the local launcher, 2 processes that import torch
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", SYNCHRONOUS, ids=[a["name"] for a in SYNCHRONOUS])

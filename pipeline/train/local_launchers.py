@@ -263,12 +263,15 @@ def run_inprocess(args: tuple, world: int) -> list[dict]:
     return local_outcome(world, results, roots or errors, {}, WorkerLost)
 
 
-def _wind_down(sim, threads: list, rank: int, grace_s: float = END_GRACE_S) -> list:
+def _wind_down(sim, threads: list, rank: int) -> list:
     """After ``InProcessWorld.end`` (every wait and beat of the run raises): a second for the run's
     threads to unwind; then interrupt the thread of the stalled ``rank`` (a simulated run: the thread
-    holding the clock) and give them ``grace_s``; then interrupt every rank thread still running (a
-    simulated run: release the parked ones) and wait ``grace_s`` again. Returns the threads still alive."""
+    holding the clock) and give them :data:`END_GRACE_S`; then interrupt every rank thread still
+    running (a simulated run: release the parked ones) and wait as long again. Returns the threads
+    still alive."""
     from .comm.inprocess import interrupt
+
+    grace_s = END_GRACE_S
 
     def alive() -> list:
         every = threads if sim is None else [k.thread for k in sim.tasks]
