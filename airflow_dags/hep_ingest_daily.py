@@ -3,7 +3,8 @@ and shards, built from the table's snapshot.
 
 Wiring only: ``ingest_root`` runs with ``output_format=delta`` and ``mode=new_files`` on the
 ``landing`` glob, so each run reads only the files the table does not hold yet (a day with none
-is a no-op that says so in one line); ``features`` reads the table's newest snapshot (every file
+is a no-op that says so in one line; a landed file that fails in ``quarantine_after`` attempts is
+quarantined and skipped, so the day goes on with what was committed); ``features`` reads the table's newest snapshot (every file
 ingested so far, through the Delta log) and ``shard`` its HLF (or LLF) dataset, into this run's
 folder ``<output_root>/hep_ingest_daily/<logical date>/``. Settings and param defaults come from
 ``configs/dag_hep_ingest_daily.yaml``. See ``spark_jobs.py``, docs/airflow.md and
@@ -39,6 +40,8 @@ with DAG(
         "tree": Param(S.params["tree"], type="string", description="TTree or RNTuple name"),
         "on_changed": Param(S.params["on_changed"], enum=["skip", "replace", "fail"],
                             description="a landed file that changed since it was ingested"),
+        "quarantine_after": Param(S.params["quarantine_after"], type="integer", minimum=0,
+                                  description="ingest attempts a landed file may fail before it is quarantined"),
         "model": Param(S.params["model"], enum=["hlf", "gru", "inclusive"],
                        description="hlf: shard the HLF dataset; gru / inclusive: the LLF dataset"),
         "workers": Param(S.params["workers"], type="integer", minimum=1, description="number of shards"),
@@ -48,7 +51,8 @@ with DAG(
 ) as dag:
     ingest = job_task("ingest_root", {"input": "{{ params.landing }}", "tree": "{{ params.tree }}",
                                       "output": "{{ params.table }}", "output_format": "delta",
-                                      "mode": "new_files", "on_changed": "{{ params.on_changed }}"},
+                                      "mode": "new_files", "on_changed": "{{ params.on_changed }}",
+                                      "quarantine_after": "{{ params.quarantine_after }}"},
                       S, retries="ingest")
     features = job_task("features", {"input": "{{ params.table }}", "tree": "{{ params.tree }}",
                                      "output": P["features"]}, S)

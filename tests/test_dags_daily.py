@@ -73,3 +73,54 @@ def test_two_days_append_only_the_new_files_and_build_from_the_snapshot(airflow_
     assert sum(f["selected"] for f in rep["files"]) == 15                   # one selected event per file
     manifest = json.loads((day / "shards" / "manifest.json").read_text())
     assert manifest["n_train_samples"] == rep["splits"]["train"] > 0
+
+
+@pytest.mark.timeout(2400)
+def test_a_landed_file_that_always_fails_is_quarantined_and_the_day_goes_on(airflow_home, tmp_path, delphes_root):
+    """Issue 52, item 5: a real truncated ROOT file in the landing folder. Day one's first ingest
+    attempt commits the good files and fails for it (failure 1); the retry has nothing but it to
+    read, records failure 2 in a version that changes no data, quarantines it and succeeds, so the
+    day's features and shards run on what was committed. Day two skips it in one line and adds
+    the new files. Five spark-submits: the retry is the case, features and shards must run once."""
+    from pipeline.fs import location
+    from pipeline.tables import deltalog
+    from pipeline.tables.quarantine import listing
+
+    cfg = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", cfg)
+    d = yaml.safe_load((cfg / "dag_hep_ingest_daily.yaml").read_text())
+    d["ingest_retries"].update(retries=1, delay_s=1, backoff=1.0)
+    d["params"]["quarantine_after"] = 2
+    (cfg / "dag_hep_ingest_daily.yaml").write_text(yaml.safe_dump(d))
+    env = {**airflow_home, "PIPELINE_DAG_CONFIG_DIR": str(cfg),
+           "AIRFLOW_VAR_PIPELINE_TRIGGER_KEYS": json.dumps({"params": ["*"], "extra_sets": {"*": ["*"]}})}
+    landing, table, out = tmp_path / "landing", tmp_path / "table", tmp_path / "runs"
+    conf = {"landing": str(landing / "*" / "*.root"), "table": str(table), "output_root": str(out),
+            "spark_master": "local[2]", "extra_sets": {"features": ["test_fraction=0.25", "val_fraction=0.25"]}}
+    for i in range(4):
+        _land(landing, delphes_root, i)
+    bad = landing / "ttbar" / "ttbar_cut.root"
+    data = delphes_root.read_bytes()
+    bad.write_bytes(data[: int(0.02 * len(data))])            # truncated: the header only
+    res = _day(env, "2026-11-01T00:00:00+00:00", conf)
+    loc = location(str(table))
+    commits = deltalog.commits(loc)
+    assert [v for v, _ in commits] == [0, 1]
+    (_, first), (_, second) = commits
+    assert len(first["sources"]) == 12 and [b["file"] for b in first["bad_files"]] == [str(bad)]
+    assert not first["quarantined"]                            # failure 1 of 2: that attempt failed
+    assert second["sources"] == [] and [q["file"] for q in second["quarantined"]] == [str(bad)]
+    assert len(deltalog.snapshot(loc).files) == 12             # the record-only version changed no data
+    assert [(q["file"], q["failures"], q["version"]) for q in listing(loc)] == [(str(bad), 2, 1)]
+    rep = json.loads((out / "hep_ingest_daily" / "20261101T000000" / "features" / "report.json").read_text())
+    assert len(rep["files"]) == 12 and not rep["bad_files"]   # built from what was committed
+
+    _land(landing, delphes_root, 4)
+    res = _day(env, "2026-11-02T00:00:00+00:00", conf, mark_success="^(features|shard)$")
+    commits = deltalog.commits(loc)
+    assert [v for v, _ in commits] == [0, 1, 2]
+    assert sorted(s["file"] for s in commits[2][1]["sources"]) == sorted(
+        str(landing / c / f"{c}_04.root") for c in CLASSES)
+    assert not commits[2][1]["bad_files"]
+    log = Path(res["log"]).read_text(errors="replace")
+    assert f"{bad}: quarantined at version 1 after 2 failed run(s)" in log

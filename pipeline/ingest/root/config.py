@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from ...config import StageConfig
+from ...tables.quarantine import QUARANTINE_AFTER
 
 SAMPLES_PREFIX = "samples:"
 #: Default limit (seconds) for opening one file's metadata, and for reading one chunk.
@@ -87,6 +88,12 @@ class IngestRootConfig(StageConfig):
                             "modification time (and an s3:// object's ETag), or also its content's SHA-256 "
                             "(checksum: every input is read once more per run; for stores where size and "
                             "modification time can repeat: cp -p, touch -r)")
+    quarantine_after: int = Field(QUARANTINE_AFTER, ge=0, description="new_files: an input file that failed in this "
+                                  "many runs (unchanged) is quarantined: recorded in the table's log with its reason "
+                                  "and skipped, one line each, until it changes or retry_quarantined is set; the run "
+                                  "that quarantines it does not fail for it; 0: never")
+    retry_quarantined: bool = Field(False, description="new_files: read the quarantined inputs again (one try; a "
+                                    "failure quarantines a file again at once)")
     schema_changes: Literal["add_columns", "refuse"] = Field(
         "add_columns", description="delta: a branch the table lacks joins as a nullable column (add_columns) or "
                                    "fails the run naming it (refuse); a changed type always fails")

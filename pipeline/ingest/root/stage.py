@@ -29,6 +29,7 @@ from ...errors import BadInputError
 from ...fs import location
 from ...paths_overlap import check_apart
 from ...spark import forward_s3_settings, get_spark, spark_task, task_frame
+from ...tables import quarantine
 from ...tables.job import check_table_target, delta_job
 from ...tables.types import delta_schema
 from .config import PARQUET_WRITE_OPTIONS, IngestRootConfig, default_schema_name
@@ -51,7 +52,8 @@ def plan_ingest_root(cfg: IngestRootConfig) -> dict:
     if cfg.output_format == "delta":
         return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "output": str(out),
                 "output_format": "delta", "mode": cfg.mode, "on_changed": cfg.on_changed,
-                "partition_by": cfg.partition_by, "file_timeout_s": cfg.file_timeout_s}
+                "partition_by": cfg.partition_by, "file_timeout_s": cfg.file_timeout_s,
+                "quarantine_after": cfg.quarantine_after, "quarantined": quarantine.listing(out)}
     return {"inputs": files, "tree": cfg.tree, "filter_name": cfg.filter_name, "step_size": cfg.step_size,
             "file_timeout_s": cfg.file_timeout_s, "output": str(out), "report": str(out.child("_report.json")),
             "schema": str(out.child("_schema.json")), "schema_name": cfg.schema_name or default_schema_name(cfg.tree)}
@@ -74,6 +76,9 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         check_table_target(out)
         n_inputs = len(files)
         run = select_inputs(cfg, files, out)
+        if cfg.mode == "new_files":          # quarantined inputs skipped, one line each (pipeline.tables.quarantine)
+            run.state = quarantine.read_state(out)
+            run.files, run.quarantined = quarantine.split(run.files, run.stats, run.state, cfg.retry_quarantined)
         if not run.files:
             return nothing_new(cfg, run, out, n_inputs)
         files = run.files
@@ -81,6 +86,8 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
                       stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True)
     if ref.schema is None:
+        if run is not None and run.state is not None and run.state.version is not None:
+            return _failures_only(cfg, run, out, [{"file": f.path, "error": f.error} for f in ref.files], t_start)
         raise BadInputError(f"no input file could be read; {files[0]}: {ref.files[0].error}")
     if run is not None:
         check_partitions(cfg, files, ref.branches)
@@ -107,19 +114,51 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
 def _ingest_table(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, run, out, t_start: float) -> dict:
     """The two passes into a Delta table's job, committed as one log entry (:mod:`pipeline.tables.job`)."""
     first = next(f.path for f in ref.files if not f.error)
-    with delta_job(out, partition_by=(cfg.partition_by,) if cfg.partition_by else (),
-                   overwrite=cfg.mode == "overwrite", add_columns=cfg.schema_changes == "add_columns") as job:
-        per_file = _run(spark, cfg, files, ref, job)
-        n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
-        bad = [f for f in per_file if f.get("error")]
-        if len(bad) == len(per_file):                  # nothing to commit: the table stays as it was
-            raise BadInputError(f"no input file could be ingested; {bad[0]['file']}: {bad[0]['error']}")
-        prepare_commit(job, cfg, run, ref.schema, first, per_file)
+    try:
+        with delta_job(out, partition_by=(cfg.partition_by,) if cfg.partition_by else (),
+                       overwrite=cfg.mode == "overwrite", add_columns=cfg.schema_changes == "add_columns") as job:
+            per_file = _run(spark, cfg, files, ref, job)
+            n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
+            bad = [f for f in per_file if f.get("error")]
+            if len(bad) == len(per_file):              # no data to commit: the table's rows stay as they were
+                if run.state is None or run.state.version is None:
+                    raise BadInputError(f"no input file could be ingested; {bad[0]['file']}: {bad[0]['error']}")
+                raise _NothingGood(bad)
+            prepare_commit(job, cfg, run, ref.schema, first, per_file)
+            if run.state is not None:                  # the failures counted, quarantined at quarantine_after
+                quarantine.mark(job.record, run.stats, run.state, cfg.quarantine_after)
+    except _NothingGood as e:                          # the job aborted: only its failures are committed
+        return _failures_only(cfg, run, out, e.bad, t_start)
     report = table_report(job, cfg, run, per_file, n_rows, ref.branches, time.time() - t_start)
+    report["quarantined"] = job.record.get("quarantined") or []
     _print_files(per_file)
     print(f"{out}: version {job.version}: {n_rows} rows from {len(per_file) - len(report['bad_files'])} new "
           f"file(s) added ({run.held} input file(s) already in the table)")
     _raise_bad(cfg, report, len(files), f"the commit record of version {job.version}")
+    return report
+
+
+class _NothingGood(Exception):
+    def __init__(self, bad: list[dict]) -> None:
+        super().__init__("no input file could be ingested")
+        self.bad = bad
+
+
+def _failures_only(cfg: IngestRootConfig, run, out, bad: list[dict], t_start: float) -> dict:
+    """An only-new run on a table whose every new input failed: a version that changes no data
+    records the failures (each failed run counts toward ``quarantine_after``); the run fails like
+    any run with a bad file, unless every bad file is quarantined now."""
+    record = {"stage": "ingest_root", "tree": cfg.tree, "mode": cfg.mode, "sources": [], "replaced": [],
+              "job": quarantine.job_id(), "bad_files": [{"file": f["file"], "reason": f["error"]} for f in bad]}
+    quarantined = quarantine.mark(record, run.stats, run.state, cfg.quarantine_after)
+    version = quarantine.record_failures(out, record)
+    print(f"{out}: version {version}: no rows added; {len(bad)} new input file(s) failed (recorded, "
+          f"{len(quarantined)} quarantined)")
+    report = {"job": "ingest_root", "output_format": "delta", "tree": cfg.tree, "filter_name": cfg.filter_name,
+              "branches": [], "output": str(out), "version": version, "mode": cfg.mode, "rows": 0, "files": bad,
+              "new_files": len(bad), "held_files": run.held, "bad_files": record["bad_files"],
+              "quarantined": quarantined, "seconds": round(time.time() - t_start, 3)}
+    _raise_bad(cfg, report, len(bad), f"the commit record of version {version}")
     return report
 
 
@@ -130,9 +169,12 @@ def _print_files(per_file: list[dict]) -> None:
 
 
 def _raise_bad(cfg: IngestRootConfig, report: dict, n_files: int, where: str) -> None:
-    if report["bad_files"] and not cfg.allow_bad_files:
-        b = report["bad_files"][0]
-        raise BadInputError(f"{len(report['bad_files'])} of {n_files} input file(s) failed (see {where}); "
+    """The run fails for its bad files, except the ones it quarantined (they are skipped from now on)."""
+    held_back = {q["file"] for q in report.get("quarantined") or []}
+    bad = [b for b in report["bad_files"] if b["file"] not in held_back]
+    if bad and not cfg.allow_bad_files:
+        b = bad[0]
+        raise BadInputError(f"{len(bad)} of {n_files} input file(s) failed (see {where}); "
                             f"{b['file']}: {b['reason']}")
 
 

@@ -27,6 +27,8 @@ class TableRun:
     version: Optional[int] = None
     held: int = 0
     notes: list = field(default_factory=list)
+    state: Optional[object] = None        # new_files: the failed inputs (pipeline.tables.quarantine.State)
+    quarantined: list = field(default_factory=list)   # new_files: the quarantined inputs this run skips
 
 
 def select_inputs(cfg: IngestRootConfig, files: list[str], out: Location) -> TableRun:
@@ -45,12 +47,16 @@ def nothing_new(cfg: IngestRootConfig, run: TableRun, out: Location, n_inputs: i
     """The report of a run with nothing to read (one line printed)."""
     skipped = len(run.selection.changed) if run.selection is not None else 0
     held = "unchanged" if not skipped else f"({skipped} changed since, skipped: on_changed=skip)"
-    line = (f"{out}: nothing new: the table (version {run.version}) holds all {n_inputs} input file(s) {held}; "
-            "nothing was written")
+    n_q = len(run.quarantined)
+    if n_q:
+        held += f"; {n_q} quarantined input file(s) skipped"
+    line = (f"{out}: nothing new: the table (version {run.version}) holds all {n_inputs - n_q} input file(s) "
+            f"{held}; nothing was written")
     print(line)
     return {"job": "ingest_root", "output_format": "delta", "tree": cfg.tree, "filter_name": cfg.filter_name,
             "output": str(out), "version": run.version, "rows": 0, "files": [], "bad_files": [], "new_files": 0,
-            "held_files": run.held, "nothing_new": True, "message": line}
+            "held_files": run.held, "quarantined_skipped": list(run.quarantined), "nothing_new": True,
+            "message": line}
 
 
 def partition_value(cfg: IngestRootConfig, path: str) -> str:
