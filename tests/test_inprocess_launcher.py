@@ -218,6 +218,14 @@ SYNCHRONOUS = [{"name": "arsgd"}, {"name": "local_sgd", "params": {"period": 3}}
                {"name": "slowmo", "params": {"base": "local_sgd", "base_params": {"period": 2}}}]
 
 
+def test_a_failing_rank_ends_a_free_thread_run_with_its_own_error_and_no_thread_left(digits2, tmp_path):
+    cfg = _cfg(digits2, tmp_path / "o", "inprocess", {"name": "local_sgd", "params": {"period": 2}}, max_restarts=0,
+               max_steps=6, debug={"fail_at_step": 3, "fail_rank": 0})
+    err, secs, left = _bounded(lambda: train(cfg), 60)
+    assert "fail_at_step=3 reached (simulated crash)" in str(err) and "PeerFailed" not in str(err), err
+    assert not left, left                  # rank 1, blocked in its next average or not: ended
+
+
 def test_a_rank_blocked_inside_a_c_call_fails_the_run_and_no_later_run_overlaps_it(digits2, tmp_path,
                                                                                      monkeypatch):
     """A rank blocked in one C call (an Event's wait: what a deadlocked loader's queue does) cannot be
