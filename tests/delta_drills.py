@@ -1,7 +1,9 @@
 """Delta commits without Spark, for the tests of tests/test_delta.py: a job (:class:`pipeline.tables.job.DeltaJob`)
 whose task attempts each write one small Parquet file for one input ("source"), as ROOT ingestion's
 tasks do, with the ledger record naming the inputs; :func:`run_drill` commits one in a process of its
-own, stopped (``os._exit``) after the n-th step of its commit (``PIPELINE_TEST_COMMIT_KILL``).
+own, stopped (``os._exit``) after the n-th step of its commit (``PIPELINE_TEST_COMMIT_KILL``), or with
+a log entry whose outcome it does not see (``PIPELINE_TEST_LOG_FAULT``, :data:`pipeline.tables.deltalog.LOG_FAULTS`:
+written, then a 412 on the retry, an error, or a stop).
 
 Run as a script: ``python tests/delta_drills.py <table> <source>...``; exit 57 when stopped.
 """
@@ -16,14 +18,15 @@ REPO = Path(__file__).resolve().parents[1]
 KILLED = 57
 
 
-def commit_sources(table: str, sources: list[str], *, begin_only: bool = False):
+def commit_sources(table: str, sources: list[str], *, begin_only: bool = False, sample: str | None = None):
     """A job on ``table`` whose tasks wrote one file per source (a row ``{"source": name}``);
-    committed unless ``begin_only`` (then returned ready to commit)."""
+    committed unless ``begin_only`` (then returned ready to commit). ``sample``: the table is
+    partitioned by ``sample`` and every file has this value."""
     import pyarrow as pa
 
     from pipeline.tables.job import DeltaJob
 
-    job = DeltaJob(table).begin()
+    job = DeltaJob(table, partition_by=("sample",) if sample is not None else ()).begin()
     records, rows = [], {}
     for i, src in enumerate(sources):
         attempt = job.target.attempt(stage=1, partition=i, attempt=0, task_attempt_id=i)
@@ -31,6 +34,8 @@ def commit_sources(table: str, sources: list[str], *, begin_only: bool = False):
         attempt.write_table(rel, pa.table({"source": [src]}))
         records.append(attempt.record())
         rows[rel] = 1
+        if sample is not None:
+            job.partition_values[rel] = {"sample": sample}
     job.add(records)
     job.rows = rows
     job.schema = pa.schema([pa.field("source", pa.string())])
@@ -48,13 +53,15 @@ def commit_sources(table: str, sources: list[str], *, begin_only: bool = False):
     return job
 
 
-def run_drill(table: str, sources: list[str], kill: int) -> int:
-    """Commit ``sources`` to ``table`` in a process of its own, stopped after step ``kill``; its exit status."""
-    env = {**os.environ, "PIPELINE_TEST_COMMIT_KILL": str(kill),
+def run_drill(table: str, sources: list[str], kill: int, fault: str = "") -> int:
+    """Commit ``sources`` to ``table`` in a process of its own, stopped after step ``kill`` (0: never),
+    with the log fault ``fault`` (``PIPELINE_TEST_LOG_FAULT``; "": none); its exit status (``exit``:
+    1, the stop's ``SystemExit``)."""
+    env = {**os.environ, "PIPELINE_TEST_COMMIT_KILL": str(kill), "PIPELINE_TEST_LOG_FAULT": fault,
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, __file__, table, *sources], env=env, capture_output=True, text=True,
                        timeout=120)
-    if r.returncode not in (0, KILLED):
+    if r.returncode not in (0, KILLED) and not (fault == "exit" and "[commit drill] stopped after writing" in r.stderr):
         raise RuntimeError(f"drill process failed (exit {r.returncode}): {r.stderr[-3000:]}")
     return r.returncode
 

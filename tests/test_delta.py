@@ -19,14 +19,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from delta_drills import REPO, commit_sources, run_drill
-from store_fixtures import s3  # noqa: F401 - the S3 server fixture
+from store_fixtures import s3, store_root  # noqa: F401 - the S3 server fixtures (store_root: local and S3)
 from servers import environment
 
 from pipeline.errors import BadInputError
+from pipeline.fs import list_dirs, location
 from pipeline.ingest.root import IngestRootConfig, ingest_root
-from pipeline.inputs import dataset_files, parquet_frame
+from pipeline.inputs import dataset_files, parquet_frame, read_parquet
 from pipeline.tables import deltalog
+from pipeline.tables.job import JOBS_DIR
 from pipeline.tables.ledger import read_ledger
+from pipeline.tables.snapshot import snapshot_files
 
 NANO = ["run", "luminosityBlock", "event", "nMuon", "Muon_pt", "Muon_charge"]
 
@@ -297,6 +300,114 @@ def test_a_commit_stopped_at_any_step_is_exactly_once(tmp_path):
         assert sorted(rows) == ["n1.root", "n2.root", "n3.root", "old.root"], kill
 
 
+def _held_once(table: str, sources: list[str]) -> None:
+    """The newest snapshot of ``table`` holds one file per source, each on the store and holding
+    its source's row, and the ledger names exactly those files; no job prefix is left."""
+    loc = location(table)
+    snap = deltalog.snapshot(loc)
+    led = read_ledger(loc)
+    assert sorted(led.sources) == sorted(sources)
+    assert {f.path for f in snap.files} == set(led.parts()), (snap.files, sorted(led.parts()))
+    rows = [r for f in snap.files for r in read_parquet(str(loc.child(f.path))).column("source").to_pylist()]
+    assert sorted(rows) == sorted(sources)
+    assert list_dirs(loc.child(JOBS_DIR)) == []
+
+
+@pytest.mark.parametrize("fault", deltalog.LOG_FAULTS)
+def test_a_log_write_that_lands_and_then_fails_is_the_jobs_own_commit(store_root, fault):
+    """The commit drill of an unknown outcome, in a process of its own, on local disk and on the S3
+    server: the log entry is written, and then the writer sees a 412 on its retry (``retry``, the
+    store's conditional PUT answering the write that already landed), an error (``raise``), or is
+    stopped (``exit``). The job finds its own entry by its id: it is committed once, nothing it
+    moved is deleted, and a rerun finds nothing new."""
+    table = f"{store_root}/t-{fault}"
+    commit_sources(table, ["old.root"])
+    assert run_drill(table, ["n1.root", "n2.root"], 0, fault) in ((1,) if fault == "exit" else (0,))
+    assert deltalog.snapshot(location(table)).version == 1
+    _held_once(table, ["n1.root", "n2.root", "old.root"])
+
+
+def test_a_run_that_chose_its_inputs_before_another_committed_them_is_refused(spark, tmp_path, samples_dir,
+                                                                                monkeypatch):
+    """A second only-new run (B) commits the same new files while the first (A) is between choosing
+    its inputs from the ledger and its commit (a hook runs B right after A's input selection):
+    A fails in one line before moving anything, and every file's rows are in the table once;
+    when the table did not exist at A's choice, and when it did."""
+    import pipeline.ingest.root.stage as stage
+
+    land, table = tmp_path / "land", tmp_path / "table"
+    land.mkdir()
+    select = stage.select_inputs
+
+    def racing(cfg, files, out):
+        run = select(cfg, files, out)
+        monkeypatch.setattr(stage, "select_inputs", select)
+        ingest_root(cfg, spark)                  # B: the same inputs, committed first
+        return run
+
+    cfg = _cfg(str(land / "*.root"), table, filter_name=["event"])
+    events = []
+    for i, name in enumerate(("nano_dy.root", "nano_dimuon.root")):
+        shutil.copy(samples_dir / name, land / f"x{i}.root")
+        events += _uproot(land / f"x{i}.root", ["event"])["event"]
+        monkeypatch.setattr(stage, "select_inputs", racing)
+        with pytest.raises(BadInputError, match=rf"another job committed {land / f'x{i}.root'} \(version {i}\) "
+                                                "while this one ran; nothing of this run was committed"):
+            ingest_root(cfg, spark)
+        df = _polars(table)
+        assert sorted(df["event"].to_list()) == sorted(events), i          # each file once
+        assert deltalog.snapshot(deltalog_loc(table)).version == i
+        assert sorted(str(p.relative_to(table)) for p in table.glob("*.parquet")) == sorted(
+            f.path for f in deltalog.snapshot(deltalog_loc(table)).files)   # nothing of A moved in
+
+
+def test_time_travel_over_a_replace_reads_each_versions_ledger(tmp_path):
+    """The ledger at version V holds the commits up to V only, also after a later replace: every
+    data file of each version's snapshot has its source record there (the feature stage's
+    ``input_version`` check), and the newest ledger is the replaced input's new record."""
+    table = str(tmp_path / "t")
+    loc = location(table)
+    commit_sources(table, ["a.root"])
+    commit_sources(table, ["b.root"])
+    job = commit_sources(table, ["a.root"], begin_only=True)
+    job.removes = [p for p, (s, _) in read_ledger(loc).parts().items() if s["file"] == "a.root"]
+    job.record["replaced"] = ["a.root"]
+    job.commit()
+    want = {0: {"a.root": 0}, 1: {"a.root": 0, "b.root": 1}, 2: {"a.root": 2, "b.root": 1}}
+    for v, sources in want.items():
+        led = read_ledger(loc, v)
+        assert led.version == v and {f: s["version"] for f, s in led.sources.items()} == sources, v
+        assert {f.path for f in deltalog.snapshot(loc, v).files} == set(led.parts()), v
+    assert [v for v, _ in deltalog.commits(loc, 1)] == [0, 1]
+    with pytest.raises(BadInputError, match="no version 3 of this Delta table"):
+        read_ledger(loc, 3)
+
+
+def test_partition_values_that_need_quoting_name_the_files_on_disk(tmp_path):
+    """A partition value with a space, ``=``, ``%`` and a non-ASCII letter: its folder is quoted on
+    disk and quoted again in the Delta log; the snapshot's files are the files on disk, the
+    ledger's parts, and what a replace removes (on the job's own version and after a conflict)."""
+    value = "q=c%20d é 2024"
+    table = str(tmp_path / "t")
+    loc = location(table)
+    commit_sources(table, ["a.root", "b.root"], sample=value)
+    snap = deltalog.snapshot(loc)
+    assert [f.partition_values for f in snap.files] == [{"sample": value}] * 2
+    assert all(os.path.isfile(f) for f in snapshot_files(table)) and len(snapshot_files(table)) == 2
+    assert {f.path for f in snap.files} == set(read_ledger(loc).parts())
+    assert sorted(_polars(table)["sample"].to_list()) == [value] * 2
+    for src, other in (("a.root", None), ("b.root", "c.root")):      # a replace; then one after a conflict
+        job = commit_sources(table, [src], sample=value, begin_only=True)
+        job.inputs_chosen_at(job.base.version)
+        job.removes = [p for p, (s, _) in read_ledger(loc).parts().items() if s["file"] == src]
+        job.record["replaced"] = [src]
+        if other:
+            commit_sources(table, [other], sample=value)
+        job.commit()
+    _held_once(table, ["a.root", "b.root", "c.root"])
+    assert deltalog.snapshot(loc).version == 3
+
+
 @pytest.mark.slow   # a spark-submit-like process of its own (Spark's start-up: ~15 s on 2 idle cores)
 def test_ingestion_killed_mid_commit_and_rerun_holds_every_file_once(spark, tmp_path, samples_dir):
     """The real job, killed right after moving its first file into the table (before the log
@@ -386,14 +497,19 @@ def test_features_and_shards_from_table_snapshots_and_versions(spark, tmp_path, 
     from pipeline.shards.materialize import ShardConfig, shard
 
     land, table, feats = tmp_path / "land", tmp_path / "table", tmp_path / "features"
-    for c in ("qcd", "ttbar"):
-        (land / c).mkdir(parents=True)
-        shutil.copy(delphes_root, land / c / f"{c}_0.root")
+    # partition values that need quoting: a space, "=", "%" and a non-ASCII letter (quoted on disk, again in the log)
+    folders = {"qcd": "qcd=a%20b é", "ttbar": "ttbar 2024"}
+    for c, folder in folders.items():
+        (land / folder).mkdir(parents=True)
+        shutil.copy(delphes_root, land / folder / f"{c}_0.root")
     cfg = _cfg(str(land / "*" / "*.root"), table, tree="Delphes", filter_name=list(REQUIRED_BRANCHES),
                partition_by="sample")
     fcfg = FeaturesConfig(input=str(table), output=str(feats), output_format="delta", test_fraction=0,
                           val_fraction=0)
     ingest_root(cfg, spark)
+    snap = deltalog.snapshot(deltalog_loc(table))
+    assert sorted(f.partition_values["sample"] for f in snap.files) == sorted(folders.values())
+    assert all(os.path.isfile(f) for f in dataset_files(str(table)))      # the shard stage's reader
     day1 = build_features(fcfg, spark)
     assert sorted(f["file"] for f in day1["files"]) == sorted(str(p) for p in land.glob("*/*.root"))
     (land / "wjets").mkdir()

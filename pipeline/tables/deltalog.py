@@ -5,8 +5,12 @@ Everything else in the pipeline goes through these functions, so a change in del
 one module's change (``tests/test_delta.py`` fails when it breaks):
 
 * :func:`snapshot`: the files of a version (the newest, or an older one: time travel), with their
-  sizes, partition values and row counts, the table's Arrow schema and partition columns;
-* :func:`commits`: the custom metadata the pipeline stored with each commit (its source ledger);
+  sizes, partition values and row counts, the table's Arrow schema and partition columns; each
+  file's name decoded from the log's percent-encoded path (:func:`file_name`, the one place that
+  decodes: a partition value with a space, ``=``, ``%`` or a non-ASCII letter);
+* :func:`commits`: the custom metadata the pipeline stored with each commit (its source ledger),
+  numbered from the newest version (delta-rs numbers a history down from the version it opened,
+  although it lists every commit);
 * :func:`commit`: one log entry adding (and removing) files, with custom metadata, that fails
   with :class:`CommitConflict` instead of retrying when another writer committed first
   (``max_commit_retries=0``): the caller decides whether its commit still holds;
@@ -20,9 +24,11 @@ writers never both create version N (docs/ingestion.md#delta-tables).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
+from urllib.parse import unquote
 
 from ..errors import BadInputError
 from ..fs import Location, s3_settings
@@ -34,10 +40,20 @@ DELTA_LOG = "_delta_log"
 #: table properties the pipeline sets when it creates a table: the commit entries hold the source
 #: ledger (which input files the table holds), so they must outlive delta-rs's log clean-up
 TABLE_CONFIGURATION = {"delta.enableExpiredLogCleanup": "false"}
+#: commit drills: a log entry whose outcome the writer cannot see. ``retry``: the entry is written,
+#: then written again (a reply lost on the way, the client's retry answered 412 by the store's
+#: conditional PUT: a :class:`CommitConflict`); ``raise``: written, then an error (a reply lost, no
+#: retry); ``exit``: written, then :class:`SystemExit` (the process told to stop in between)
+LOG_FAULT_ENV = "PIPELINE_TEST_LOG_FAULT"
+LOG_FAULTS = ("retry", "raise", "exit")
 
 
 class CommitConflict(Exception):
     """Another writer committed a version after the one this commit was prepared on."""
+
+
+class NoTable(BadInputError):
+    """The location holds no Delta table (no ``_delta_log/`` with a commit)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,7 @@ def _open(loc: Location, version: Optional[int] = None):
     try:
         return DeltaTable(table_uri(loc), version=version, storage_options=storage_options(loc))
     except TableNotFoundError:
-        raise BadInputError(f"{loc}: not a Delta table (no {DELTA_LOG}/)") from None
+        raise NoTable(f"{loc}: not a Delta table (no {DELTA_LOG}/)") from None
     except Exception as e:  # noqa: BLE001 - delta-rs raises DeltaError / OSError / ValueError
         msg = " ".join(str(e).split())
         if version is not None and "version" in msg.lower():
@@ -122,17 +138,30 @@ def snapshot(loc: Location, version: Optional[int] = None) -> Snapshot:
     for a in actions:
         pv = {c: a.get(f"partition.{c}") for c in parts}
         pv = {c: (None if v is None else str(v)) for c, v in pv.items()}
-        files.append(DataFile(a["path"], int(a["size_bytes"]), pv,
+        files.append(DataFile(file_name(a["path"]), int(a["size_bytes"]), pv,
                               None if a.get("num_records") is None else int(a["num_records"])))
     files.sort(key=lambda f: f.path)
     return Snapshot(int(dt.version()), tuple(files), pa.schema(dt.schema().to_arrow()), parts,
                     dict(dt.metadata().configuration or {}))
 
 
+def file_name(log_path: str) -> str:
+    """A data file's name relative to the table, from its path in the Delta log: the log stores a
+    URI reference, percent-encoded (the folder ``sample=ttbar%202024`` is ``sample=ttbar%25202024``
+    there); delta-rs encodes the names it is given when it writes (adds and removes alike) and
+    returns the log's paths as they are when it reads."""
+    return unquote(log_path)
+
+
 def commits(loc: Location, up_to: Optional[int] = None) -> list[tuple[int, dict]]:
     """``(version, the pipeline's commit record)`` of every commit up to ``up_to`` (None: all), oldest
-    first; commits the pipeline did not make have an empty record."""
-    dt = _open(loc, up_to)
+    first; commits the pipeline did not make have an empty record. The history is read from the
+    newest version: delta-rs lists every commit whichever version it opened, and numbers them down
+    from the opened one."""
+    dt = _open(loc)
+    newest = int(dt.version())
+    if up_to is not None and up_to > newest:
+        raise BadInputError(f"{loc}: no version {up_to} of this Delta table (the newest is {newest})")
     out = []
     for h in dt.history():
         v = int(h.get("version", -1))
@@ -176,7 +205,8 @@ def commit(loc: Location, read_version: Optional[int], adds: list[dict], removes
     props = CommitProperties(custom_metadata={PIPELINE_KEY: record}, max_commit_retries=0)
     opts = storage_options(loc)
     uri = table_uri(loc)
-    try:
+
+    def write() -> int:
         if read_version is None:
             create_table_with_add_actions(uri, Schema.from_arrow(schema), _add_actions(adds), mode="error",
                                           partition_by=list(partition_by) or None,
@@ -190,6 +220,17 @@ def commit(loc: Location, read_version: Optional[int], adds: list[dict], removes
         dt.create_write_transaction(actions, "append", schema, partition_by=list(partition_by) or None,
                                     commit_properties=props)
         return read_version + 1
+
+    try:
+        version = write()
+        fault = os.environ.get(LOG_FAULT_ENV)
+        if fault == "retry":
+            write()
+        elif fault == "raise":
+            raise OSError(f"[commit drill] version {version} was written; its reply was lost")
+        elif fault == "exit":
+            raise SystemExit(f"[commit drill] stopped after writing version {version}")
+        return version
     except CommitFailedError as e:
         raise CommitConflict(" ".join(str(e).split())[:200]) from None
     except Exception as e:  # noqa: BLE001 - creating a table another writer just created

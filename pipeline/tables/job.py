@@ -20,6 +20,19 @@ A :class:`DeltaJob` is an :class:`~pipeline.commit.OutputJob` whose output is a 
    inputs with its files: a job stopped before it leaves files no snapshot names (and its inputs
    are still new for the next run); a job stopped after it has committed them all.
 
+   * *The pre-commit ledger check.* A stage that chose its inputs from the table's ledger at
+     version P (:meth:`DeltaJob.inputs_chosen_at`) has, before anything is moved, every commit
+     after P read: one that holds one of the job's inputs (another run ingested it in between)
+     fails the job in one line, nothing moved. The commits after the job's base are read on a
+     conflict, so no commit between the choice and the log entry goes unseen.
+   * *Own-commit recognition.* A log entry whose outcome the job did not see (on S3 a conditional
+     PUT that landed while the client saw an error, and whose retry the store answered 412; or
+     any error or stop after the write) is looked up by the job's id in the commit records
+     before the job either reports a conflict or deletes anything: when the log holds it, the
+     job is committed (that version), and nothing it moved is deleted. When the log cannot be
+     read, the moved files and the job's prefix stay for a later job's clean-up, which reads the
+     log first.
+
 A stopped job's prefix, and the files it had moved into the table, are deleted by a later job on
 the table once they are older than :data:`STALE_S` (a running job's files are never touched: the
 jobs keep no lock, so only age tells a dead job from a slow one); ``DeltaTable.vacuum(full=True)``
@@ -116,6 +129,8 @@ class DeltaJob(OutputJob):
         self.removes: list = []
         self.partition_types: dict = {}          # column -> Arrow type (default: string)
         self.version: Optional[int] = None
+        #: (the version the stage chose the inputs from (None: no table then),) once told: the pre-commit check
+        self._chosen_at: Optional[tuple] = None
         self._moved: list[Location] = []
         self._logged = False
         self._adopted: Optional[dict] = None
@@ -136,11 +151,30 @@ class DeltaJob(OutputJob):
             os.makedirs(self.staging.path)
         return self
 
+    def inputs_chosen_at(self, version: Optional[int]) -> None:
+        """The stage chose this job's inputs from the table's ledger at ``version`` (None: there was
+        no table): before its commit, every commit since is checked for one of its inputs."""
+        self._chosen_at = (version,)
+
     def abort(self) -> None:
-        """Delete what this job wrote: its prefix, and the files it moved into the table (no
-        snapshot names them: the log entry was not written)."""
+        """Delete what this job wrote: its prefix, and the files it moved into the table, once the
+        log is read and holds no entry of this job (an entry whose reply was lost names them);
+        when the log cannot be read, nothing is deleted (a later job's clean-up reads it)."""
         if self._logged:
             return
+        if self._moved:
+            try:
+                own = self._own_commit()
+            except Exception as e:  # noqa: BLE001 - unknown outcome: keep everything
+                log.warning("%s: cannot read the log to tell whether this job (%s) committed (%s); its files are "
+                            "left for a later job's clean-up", self.what, self.job_id, " ".join(str(e).split())[:200])
+                return
+            if own is not None:
+                self.version, self._logged = own, True
+                log.warning("%s: this job's log entry was written (version %d) although its commit reported an "
+                            "error; nothing of it is deleted", self.what, own)
+                delete_tree(self.staging)
+                return
         for loc in self._moved:
             with contextlib.suppress(BadInputError):
                 delete_file(loc)
@@ -173,6 +207,13 @@ class DeltaJob(OutputJob):
         data = self.data_files()
         sizes = _sizes(list(data.values()))
         finals = {rel: self.final_name(rel) for rel in data}
+        if self._chosen_at is not None:       # the pre-commit ledger check: nothing is moved yet
+            self._check_commits(self._chosen_at[0], self._inputs())
+            live = {f.path for f in self.base.files} if self.base else set()
+            gone = [p for p in self.removes if p not in live]
+            if gone:
+                raise BadInputError(f"{self.what}: another job removed {gone[0]} while this one ran; nothing of "
+                                    "this run was committed: rerun it")
         write_bytes(self.staging.child(MOVING), json.dumps(sorted(finals.values())).encode())
         fsys = self.final.filesystem()
         for rel, src in sorted(data.items()):
@@ -198,7 +239,7 @@ class DeltaJob(OutputJob):
     def _log(self, adds: list[dict]) -> int:
         """The log entry, retried on a newer version while no commit since conflicts with it."""
         schema = deltalog.normalized(self.schema)
-        mine = {s["file"] for s in self.record.get("sources") or []}
+        mine = self._inputs()
         for _ in range(MAX_RETRIES):
             read = self.base.version if self.base else None
             try:
@@ -214,7 +255,16 @@ class DeltaJob(OutputJob):
                 return deltalog.commit(self.final, read, adds, removes, self._table_schema(schema),
                                        list(self.partition_by), {**self.record, "job": self.job_id})
             except deltalog.CommitConflict:
-                self._after_conflict(read, mine)
+                own = self._after_conflict(read, mine)
+                if own is not None:
+                    return own
+            except Exception:
+                own = self._own_commit()          # an unknown outcome: the log says whether it landed
+                if own is not None:
+                    log.warning("%s: the log entry was written (version %d) although the write reported an error",
+                                self.what, own)
+                    return own
+                raise
         raise BadInputError(f"{self.what}: {MAX_RETRIES} other commits came first; nothing of this run was "
                             "committed: rerun it")
 
@@ -230,17 +280,47 @@ class DeltaJob(OutputJob):
         fields += [pa.field(c, self.partition_types.get(c, pa.string())) for c in self.partition_by]
         return pa.schema(fields)
 
-    def _after_conflict(self, read: Optional[int], mine: set) -> None:
-        """Another writer committed first: fail in one line when one of its commits holds one of
-        this job's inputs or removed a file this job removes; otherwise go on from the newest version."""
-        latest = deltalog.snapshot(self.final)
-        for v, rec in deltalog.commits(self.final):
-            if read is not None and v <= read:
-                continue
+    def _inputs(self) -> set:
+        return {s["file"] for s in self.record.get("sources") or []}
+
+    def _own_commit(self) -> Optional[int]:
+        """The version whose commit record carries this job's id (None: the log holds no entry of
+        this job, or there is no table)."""
+        try:
+            entries = deltalog.commits(self.final)
+        except deltalog.NoTable:
+            return None
+        return next((v for v, rec in entries if rec.get("job") == self.job_id), None)
+
+    def _check_commits(self, after: Optional[int], mine: set) -> Optional[int]:
+        """Read the commits after version ``after`` (None: every commit): the version of this job's
+        own entry when the log holds one; else one line when one of them holds one of this job's
+        inputs (nothing of this job is committed)."""
+        try:
+            entries = [(v, rec) for v, rec in deltalog.commits(self.final) if after is None or v > after]
+        except deltalog.NoTable:
+            return None
+        own = next((v for v, rec in entries if rec.get("job") == self.job_id), None)
+        if own is not None:
+            return own
+        for v, rec in entries:
             clash = sorted(mine & {s["file"] for s in rec.get("sources") or [] if not s.get("error")})
             if clash:
                 raise BadInputError(f"{self.what}: another job committed {clash[0]} (version {v}) while this one "
                                     "ran; nothing of this run was committed: rerun it to ingest what is still new")
+        return None
+
+    def _after_conflict(self, read: Optional[int], mine: set) -> Optional[int]:
+        """Another writer committed first: the version of this job's own entry when the log holds
+        it (its write landed although it was reported as a conflict); one line when one of the
+        commits holds one of this job's inputs or removed a file this job removes; otherwise go on
+        from the newest version (None)."""
+        latest = deltalog.snapshot(self.final)
+        own = self._check_commits(read, mine)
+        if own is not None:
+            log.warning("%s: the log entry was written (version %d) although the write reported a conflict",
+                        self.what, own)
+            return own
         live = {f.path for f in latest.files}
         gone = [p for p in self.removes if p not in live]
         if gone:
@@ -248,6 +328,7 @@ class DeltaJob(OutputJob):
                                 "this one ran; nothing of this run was committed: rerun it")
         log.info("%s: another writer committed version %d first; committing on it", self.what, latest.version)
         self.base = latest
+        return None
 
     # -- what stopped jobs left ---------------------------------------------------------------
     def _clean_stale(self) -> None:

@@ -109,6 +109,8 @@ def prepare_commit(job: DeltaJob, cfg: IngestRootConfig, run: TableRun, schema, 
                           "entry_stop": p["entry_stop"]})
         sources.append({**run.stats[f["file"]], "entries": f["entries"], "rows": f["rows"], "parts": parts})
     job.schema, job.schema_source = schema, schema_source
+    if run.selection is not None:             # new_files: chosen from the ledger of run.version
+        job.inputs_chosen_at(run.version)
     replaced = []
     if run.selection is not None and cfg.on_changed == "replace":
         replaced = list(run.selection.replaced)      # the ledger's names of the files read again
