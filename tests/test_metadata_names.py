@@ -101,3 +101,15 @@ def test_a_marker_naming_its_jobs_staging_prefix_is_read_there(store_root):
         {"format": 2, "job": STALE, "files": ["part-0.parquet"], "objects": {"part-0.parquet": rel}}).encode())
     got = committed_files(out, ".parquet")
     assert [str(g) for g in got] == [f"{store_root}/.out.tmp-{STALE}/_attempts/s1-p0-a0-t0/part-0.parquet"]
+
+
+def test_a_delta_log_naming_a_file_outside_its_table_is_refused(store_root):
+    """A log entry adding ``../victim.parquet``: the snapshot's readers stop with one line."""
+    from pipeline.tables.snapshot import snapshot_files
+
+    _parquet(f"{store_root}/victim.parquet")
+    table = location(f"{store_root}/table")
+    deltalog.commit(table, None, [{"path": "../victim.parquet", "size": 1, "rows": 1}], [],
+                    pa.schema([("x", pa.int64())]), [], {"stage": "test"})
+    with pytest.raises(BadInputError, match=r"table/_delta_log: names '\.\./victim\.parquet', which is not inside"):
+        snapshot_files(str(table))

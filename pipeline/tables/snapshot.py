@@ -15,7 +15,7 @@ import os
 from typing import Optional
 
 from ..errors import BadInputError
-from ..fs import Location, is_dir, location
+from ..fs import Location, confined, is_dir, location
 from . import deltalog
 from .ledger import Ledger, read_ledger
 
@@ -41,9 +41,10 @@ def snapshot(path: str | os.PathLike | Location, version: Optional[int] = None) 
 
 
 def snapshot_files(path: str | os.PathLike | Location, version: Optional[int] = None) -> list[str]:
-    """The URIs of the data files of the table ``path`` at ``version`` (None: the newest), sorted."""
+    """The URIs of the data files of the table ``path`` at ``version`` (None: the newest), sorted;
+    each inside the table (:func:`~pipeline.fs.confined`: a log naming a file elsewhere is one line)."""
     loc = location(path)
-    return [str(loc.child(f.path)) for f in deltalog.snapshot(loc, version).files]
+    return [str(confined(loc, f.path, loc.child(deltalog.DELTA_LOG))) for f in deltalog.snapshot(loc, version).files]
 
 
 def ledger(path: str | os.PathLike | Location, version: Optional[int] = None) -> Ledger:
