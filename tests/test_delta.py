@@ -200,11 +200,12 @@ def test_unsigned_edges_and_schema_changes(spark, tmp_path):
     with pytest.raises(BadInputError, match=r"t3\.root: branch 'f' is double here and float in the table"):
         ingest_root(cfg, spark)
     (land / "t3.root").unlink()
-    # uint64 beyond int64: refused naming the branch and the value; nothing committed
+    # uint64 beyond int64: refused naming the branch and the value; no rows committed (the version the
+    # run adds records the failure only: pipeline.tables.quarantine)
     _tree(land / "t4.root", **{**edges, "u64": np.array([1, 2 ** 63], np.uint64)})
     with pytest.raises(BadInputError, match=r"t4\.root: branch 'u64': value 9223372036854775808 does not fit"):
         ingest_root(cfg, spark)
-    assert deltalog.snapshot(deltalog_loc(table)).version == 2
+    assert deltalog.snapshot(deltalog_loc(table)).files == deltalog.snapshot(deltalog_loc(table), 2).files
     assert sorted(read_ledger(deltalog_loc(table)).sources) == [str(land / "t1.root"), str(land / "t2.root")]
 
 
