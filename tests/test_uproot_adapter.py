@@ -5,10 +5,12 @@ result, on the real Delphes sample."""
 from __future__ import annotations
 
 import awkward as ak
+import numpy as np
 import pytest
 import uproot
 
-from pipeline.ingest.uproot_adapter import index_nested_branches, index_rntuple_fields
+from pipeline.ingest.uproot_adapter import (index_nested_branches, index_rntuple_fields, interpretation_key,
+                                           memoize_classnames, reuse_interpretations, use_fast_zlib)
 
 
 @pytest.fixture
@@ -97,3 +99,105 @@ def test_an_rntuple_without_the_internal_is_left_alone():
         pass
 
     assert index_rntuple_fields(Other()) is False
+
+
+# ------------------------------------------------------------------ interpretations reused across files
+@pytest.fixture
+def nano_dy(samples_dir):
+    return samples_dir / "nano_dy.root"
+
+
+def test_uproot_reads_with_the_interpretation_in_the_slot(nano_dy):
+    """uproot's ``interpretation`` must return a filled ``_interpretation`` as it is (it identifies
+    only while the slot is empty), and ``arrays`` must read with it."""
+    from uproot.interpretation.numerical import AsDtype
+
+    with uproot.open(nano_dy) as f:
+        t = f["Events"]
+        b = t["run"]
+        assert b._interpretation is None                            # the internal reuse_interpretations fills
+        b._interpretation = AsDtype(">i4")                          # run is uint32 in the file
+        assert b.interpretation is b._interpretation
+        assert t.arrays(["run"], entry_stop=3, library="np")["run"].dtype == np.dtype("int32")
+
+
+def test_reused_interpretations_are_uproots_own_across_nanoaod_versions(samples_dir):
+    """A second file's plain branches get the plans of the first (NanoAOD v9-like nano_dy, then
+    nano_tt_v15, where same-named branches changed type): each equal to uproot's own identification
+    of that file, and the arrays read with them equal to a plain uproot read."""
+    plans: dict = {}
+    for name in ("nano_dy.root", "nano_tt_v15.root"):
+        with uproot.open(samples_dir / name) as f, uproot.open(samples_dir / name) as g:
+            t, plain = f["Events"], g["Events"]
+            names = [n for n in t.keys() if interpretation_key(t[n]) is not None]
+            assert len(names) > 1000
+            before = len(plans)
+            reused = reuse_interpretations(t, names, plans)
+            assert reused + len(plans) - before == len(names)
+            assert all(t[n].interpretation == plain[n].interpretation for n in names)
+            assert all(t[n].interpretation.cache_key == plain[n].interpretation.cache_key for n in names)
+            cols = names[::7]
+            a, b = t.arrays(cols, entry_stop=20), plain.arrays(cols, entry_stop=20)
+            assert all(ak.array_equal(a[n], b[n], equal_nan=True, dtype_exact=True) for n in cols)
+    assert reused > 500                   # the second file took most of its plans from the first
+
+
+def test_the_key_separates_leaves_uproot_interprets_differently(samples_dir):
+    with uproot.open(samples_dir / "nano_dy.root") as f:
+        t = f["Events"]
+        keys = {}
+        for n in t.keys():
+            k = interpretation_key(t[n])
+            if k is not None:
+                keys.setdefault(k, set()).add(repr(t[n].interpretation))
+        assert all(len(v) == 1 for v in keys.values())             # one interpretation per key
+        assert len({r for v in keys.values() for r in v}) >= 8      # bool, (u)int8-64, float, jagged ones
+
+
+def test_a_branch_element_has_no_key(tree):
+    assert interpretation_key(tree["Jet.PT"]) is None              # TBranchElement: uproot identifies it
+
+
+# ------------------------------------------------------------------ ISA-L decompression
+def test_fast_zlib_is_the_switch_uproot_reads_with(nano_dy):
+    """uproot decompresses baskets through ``_DecompressZLIB.library``: an unknown name there
+    fails the read (so the switch is the one in use), ISA-L reads the same arrays as zlib."""
+    from uproot import compression
+
+    cls = compression._DecompressZLIB
+    saved = cls.library
+    try:
+        cls.library = "zlib"
+        with uproot.open(nano_dy) as f:
+            ref = f["Events"].arrays(["Muon_pt", "event", "HLT_IsoMu24"])
+        cls.library = "no-such-library"
+        with uproot.open(nano_dy) as f, pytest.raises(ValueError, match="unrecognized ZLIB.library"):
+            f["Events"].arrays(["Muon_pt"])
+        assert use_fast_zlib() == "isal" and cls.library == "isal"   # isal is pinned in requirements*.txt
+        with uproot.open(nano_dy) as f:
+            got = f["Events"].arrays(["Muon_pt", "event", "HLT_IsoMu24"])
+        assert all(ak.array_equal(got[n], ref[n], equal_nan=True, dtype_exact=True) for n in ref.fields)
+    finally:
+        cls.library = saved
+
+
+# ------------------------------------------------------------------ class names regularised once
+def test_memoized_classnames_are_the_ones_uproot_uses(nano_dy):
+    """uproot looks ``classname_regularize`` up on its module at each call (the cache is hit while
+    a TTree's metadata are read), and the cached function gives uproot's own answers."""
+    from uproot import model
+
+    saved = model.classname_regularize
+    plain = getattr(saved, "__wrapped__", saved)
+    try:
+        model.classname_regularize = plain
+        assert memoize_classnames() is True
+        cached = model.classname_regularize
+        with uproot.open(nano_dy) as f:
+            f["Events"]
+            names = list(f.file.streamers)                             # the class names of the file
+        assert cached.cache_info().hits > 1000
+        for n in names + ["std :: vector < int >", "ROOT::VecOps::RVec<Float_t>", "TBranch"]:
+            assert cached(n) == plain(n)
+    finally:
+        model.classname_regularize = saved

@@ -20,7 +20,7 @@ from .schema import arrow_schema, as_schema, conform, schema_bytes, supported_br
 from .stage import ingest_root, plan_ingest_root
 from .tasks import convert_range, part_name
 from .trees import (branches_by_name, cached_tree, error_text, first_line, is_rntuple, match_branches, open_tree,
-                    read_arrays, read_chunk, to_arrow)
+                    read_arrays, read_arrow, read_chunk, to_arrow)
 from .twopass import FilePlanning, FileScan, read_range, scan_file, second_pass_chunks
 
 __all__ = ["BadFile", "CHUNK_COLUMNS", "Chunk", "FILE_TIMEOUT_S", "FileInfo", "FilePlanning", "FileScan",
@@ -28,5 +28,6 @@ __all__ = ["BadFile", "CHUNK_COLUMNS", "Chunk", "FILE_TIMEOUT_S", "FileInfo", "F
            "arrow_schema", "as_schema", "branches_by_name", "cached_tree", "chunks_dataframe", "conform",
            "convert_range", "default_schema_name", "error_text", "first_line", "ingest_root", "is_rntuple",
            "match_branches", "open_tree", "parse_step_size", "part_name", "plan_chunks", "plan_file",
-           "plan_ingest_root", "read_arrays", "read_chunk", "read_deadline", "read_range", "resolve_files",
-           "sample_path", "scan_file", "schema_bytes", "second_pass_chunks", "supported_branches", "to_arrow"]
+           "plan_ingest_root", "read_arrays", "read_arrow", "read_chunk", "read_deadline", "read_range",
+           "resolve_files", "sample_path", "scan_file", "schema_bytes", "second_pass_chunks", "supported_branches",
+           "to_arrow"]

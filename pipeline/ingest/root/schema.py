@@ -8,7 +8,7 @@ import re
 
 from ...errors import BadInputError
 from .deadline import ReadTimeout
-from .trees import first_line, is_rntuple, read_arrays, to_arrow
+from .trees import first_line, is_rntuple, read_arrow
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _probe(t, names: list[str], stop: int = 1):
     in-memory Parquet file: what a task will produce, or the exception that stops it."""
     import pyarrow.parquet as pq
 
-    table = to_arrow(read_arrays(t, names, 0, min(stop, int(t.num_entries))))
+    table = read_arrow(t, names, 0, min(stop, int(t.num_entries)))
     pq.write_table(table, io.BytesIO(), compression="none", use_dictionary=False)
     return table
 

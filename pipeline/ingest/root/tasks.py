@@ -10,7 +10,7 @@ from ...commit import JobTarget, TaskAttempt, attempt_fields
 from .config import PARQUET_WRITE_OPTIONS
 from .planning import CHUNK_COLUMNS
 from .schema import as_schema, conform
-from .trees import read_arrays, to_arrow
+from .trees import read_arrow
 from .twopass import FilePlanning, read_range, scan_file
 
 #: the status row of a chunk (second pass) and of a file (first pass), before the commit fields
@@ -42,7 +42,7 @@ def part_name(file_index: int, chunk_id: int) -> str:
 def convert_range(branches: list[str], schema):
     """``read`` of :mod:`.twopass` for ingestion: entries [a, b) as an Arrow table of ``schema``."""
     def read(t, a: int, b: int):
-        return conform(to_arrow(read_arrays(t, branches, a, b)), schema)
+        return conform(read_arrow(t, branches, a, b), schema)
     return read
 
 

@@ -1,0 +1,56 @@
+"""The read every ingestion task does (``pipeline.ingest.root.read_arrow``): flat numeric branches
+through NumPy straight to Arrow, the others through awkward. It must give the columns, Arrow types
+and values of the awkward path (``to_arrow(read_arrays(...))``) and of uproot's own arrays, on the
+real samples: every NanoAOD dtype (bool, uint8, int32, uint32, uint64, float32, jagged ones), Delphes'
+objects and fixed-size arrays (an RNTuple takes the awkward path whole)."""
+from __future__ import annotations
+
+import awkward as ak
+import numpy as np
+import pyarrow as pa
+import pytest
+import uproot
+
+from pipeline.ingest.root import branches_by_name, open_tree, read_arrays, read_arrow, supported_branches, to_arrow
+from pipeline.ingest.root.trees import is_flat
+
+
+def _same(a: pa.Table, b: pa.Table) -> None:
+    assert a.schema.equals(b.schema), [(x, y) for x, y in zip(a.schema, b.schema) if x != y][:3]
+    assert a.num_rows == b.num_rows
+    for i, name in enumerate(a.column_names):
+        x, y = (ak.from_arrow(t.column(i).combine_chunks()) for t in (a, b))
+        assert ak.array_equal(x, y, equal_nan=True, dtype_exact=True), name
+
+
+@pytest.mark.parametrize("name,tree", [("nano_dy.root", "Events"), ("delphes.root", "Delphes")])
+def test_read_arrow_equals_the_awkward_path(samples_dir, name, tree):
+    t = open_tree(str(samples_dir / name), tree)
+    branches, _, _ = supported_branches(t, list(branches_by_name(t)), ["*"])
+    stop = min(int(t.num_entries), 30)
+    _same(read_arrow(t, branches, 3, stop), to_arrow(read_arrays(t, branches, 3, stop)))
+    _same(read_arrow(t, branches, 0, 0), to_arrow(read_arrays(t, branches, 0, 0)))
+
+
+def test_every_nanoaod_dtype_equals_uproots_arrays(samples_dir):
+    """Each flat branch, of every dtype the NanoAOD sample has, equals uproot's NumPy array bit for
+    bit with the same (unsigned) type, and the jagged ones equal uproot's awkward arrays."""
+    path = str(samples_dir / "nano_dy.root")
+    t = open_tree(path, "Events")
+    names = list(branches_by_name(t))
+    table = read_arrow(t, names, 0, 40)
+    plain = uproot.open(path)["Events"]
+    flat = [n for n in names if is_flat(plain[n].interpretation)]
+    dtypes = {plain[n].interpretation.to_dtype for n in flat}
+    assert {np.dtype(x) for x in ("bool", "uint8", "int32", "uint32", "uint64", "float32")} <= dtypes
+    ref = plain.arrays(flat, library="np")
+    for n in flat:
+        col = table.column(n).to_numpy()
+        assert col.dtype == ref[n].dtype and np.array_equal(col, ref[n], equal_nan=True), n
+        assert table.schema.field(n).type == pa.from_numpy_dtype(ref[n].dtype)
+    jagged = [n for n in names if n not in flat]
+    assert len(jagged) > 300
+    refj = plain.arrays(jagged)
+    for n in jagged:
+        assert ak.array_equal(ak.from_arrow(table.column(n)), refj[n], equal_nan=True, dtype_exact=True), n
+    assert table.schema.field("Muon_charge").type == pa.list_(pa.field("item", pa.int32(), nullable=False))
