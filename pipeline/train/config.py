@@ -242,9 +242,10 @@ class TrainConfig(StageConfig):
                                             description="launcher inprocess: the simulated clock of runs that depend on "
                                                         "time (asynchronous algorithms, time-budgeted rounds, stragglers)")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig,
-                                   description="the modelled cluster collectives and messages are costed on "
-                                               "(pipeline.train.comm.costmodel; the simulated clock does not charge it "
-                                               "yet: it charges simulated_clock's flat latency_s and bytes_per_s)")
+                                   description="launcher inprocess: the modelled cluster the simulated clock costs "
+                                               "collectives and messages on (pipeline.train.comm.costmodel); set, it "
+                                               "puts any inprocess run under the clock (default: simulated_clock's flat "
+                                               "latency_s and bytes_per_s)")
     debug: DebugConfig = Field(default_factory=DebugConfig, description="test and fault-injection switches")
 
     @field_validator("output", "manifest")

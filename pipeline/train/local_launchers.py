@@ -142,11 +142,11 @@ def run_local(args: tuple, world: int, grace_s: float = 20.0, poll_s: float = 0.
 def simulated(cfg) -> bool:
     """Whether an inprocess run of ``cfg`` (a TrainConfig) runs under the simulated clock: its result
     depends on time (the algorithm, under any SlowMo, declares so: ``algorithms.time_round_steps``; an
-    asynchronous algorithm, time-budgeted rounds, a time schedule of SwarmSGD), active stragglers, or
-    ``simulated_clock.always``."""
+    asynchronous algorithm, time-budgeted rounds, a time schedule of SwarmSGD), active stragglers, a set ``cluster`` (its costs are the clock's),
+    or ``simulated_clock.always``."""
     from .algorithms import time_round_steps
 
-    return (cfg.simulated_clock.always or cfg.stragglers.active
+    return (cfg.simulated_clock.always or cfg.stragglers.active or cfg.cluster.enabled
             or time_round_steps(cfg.algorithm.name, cfg.algorithm.params) is not None)
 
 
@@ -204,7 +204,7 @@ def run_inprocess(args: tuple, world: int) -> list[dict]:
     cfg = TrainConfig.model_validate_json(args[0])
     for m in PRELOAD:       # once, before the ranks: M threads importing torch._dynamo at their first step
         importlib.import_module(m)      # wait on each other for seconds (and count toward the stall limit)
-    sim = Simulation(clock_settings(cfg), seed=cfg.seed) if simulated(cfg) else None
+    sim = Simulation(clock_settings(cfg), seed=cfg.seed, cost=cfg.cluster.resolve(world)) if simulated(cfg) else None
     meeting = InProcessWorld(world, sim=sim, stall_s=cfg.stall_timeout)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}

@@ -306,10 +306,20 @@ class InProcessWorld:
                 self._mail[(src, dst)] = _Mailbox()
             return self._mail[(src, dst)]
 
-    def delay(self, nbytes_: int) -> None:
-        """A simulated world: the calling rank waits out a transfer of ``nbytes_`` (virtual time)."""
+    def now(self) -> float:
+        """Virtual seconds in a simulated world (0 otherwise)."""
+        return self.sim.now if self.sim is not None else 0.0
+
+    def delay(self, t0: float, rank: int, op: str, ranks, *args, own_bytes: bool = False) -> None:
+        """A simulated world: the calling rank, in collective ``op`` over ``ranks`` since virtual time
+        ``t0``, waits out what the cost model (``sim.cost``) says ``op(ranks, *args)`` costs; the ledger
+        gets the rank's time since ``t0`` and the operation's bytes once (every rank's own bytes when
+        ``own_bytes``: a pairwise exchange)."""
         if self.sim is not None:
-            self.sim.sleep(self.sim.transfer_seconds(nbytes_))
+            cost = getattr(self.sim.cost, op)(*((ranks,) if op != "p2p" else ()), *args)
+            self.sim.sleep(cost.seconds)
+            first = own_bytes or rank == min(ranks)
+            self.sim.ledger.comm(rank, self.sim.now - t0, cost if first else None)
 
     def abort(self) -> None:
         """A rank failed: every rendezvous breaks, so no rank waits for it (called by rank threads)."""
@@ -418,8 +428,9 @@ class InProcessCommunicator(Communicator):
             return
         room = self._room(group)
         with self._timed(nbytes(tensors)):
+            t0 = self._world.now()
             parts = room.gather(self._rank, [t.detach().clone() for t in tensors])
-            self._world.delay(nbytes(tensors))
+            self._world.delay(t0, self._rank, "allreduce", room.ranks, nbytes(tensors))
         size = len(room.ranks)
 
         def mean() -> list[torch.Tensor]:   # on the tensors' devices (ranks may sit on different GPUs)
@@ -445,8 +456,9 @@ class InProcessCommunicator(Communicator):
         self.check_device("broadcast_", tensors)
         mine = [t.detach().clone() for t in tensors] if self._rank == root else None
         with self._timed(nbytes(tensors) if self._rank == root else 0):
+            t0 = self._world.now()
             parts = self._room(None).gather(self._rank, mine)
-            self._world.delay(nbytes(tensors))
+            self._world.delay(t0, self._rank, "broadcast", range(self.world_size), nbytes(tensors), root)
         if self._rank != root:
             check_match("broadcast_", [tensors if r == self._rank else p for r, p in enumerate(parts)],
                         list(range(self.world_size)), root)
@@ -461,28 +473,33 @@ class InProcessCommunicator(Communicator):
         if not (0 <= partner < self.world_size) or partner == self._rank:
             raise ValueError(f"invalid exchange partner {partner} for rank {self._rank}")
         with self._timed(nbytes(tensors)):
+            t0 = self._world.now()
             self._world.mailbox(self._rank, partner).put([t.detach().clone() for t in tensors])
             try:
                 got = self._world.mailbox(partner, self._rank).get(self._world.failed, self._world.timeout_s)
             except PeerFailed:
                 raise PeerFailed(f"rank {self._rank}: rank {partner} of the in-process world failed or did not "
                                  "answer") from None
-            self._world.delay(nbytes(tensors))
+            self._world.delay(t0, self._rank, "p2p", (self._rank, partner), self._rank, partner, nbytes(tensors),
+                              own_bytes=True)
         check_match("exchange", [tensors, got], [self._rank, partner])
         return [g.to(t.device) for g, t in zip(got, tensors)]
 
     def barrier(self) -> None:
         with self._timed(0):
+            t0 = self._world.now()
             self._room(None).gather(self._rank, None)
-            self._world.delay(0)
+            self._world.delay(t0, self._rank, "barrier", range(self.world_size))
 
     def allgather_(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         self.check_device("allgather_", [tensor])
         if tensor.dim() < 1:
             raise ValueError("allgather_ needs a tensor of at least one dimension")
         with self._timed(tensor.numel() * tensor.element_size()):
+            t0 = self._world.now()
             parts = self._room(None).gather(self._rank, tensor.detach().clone())
             # JSON of allgather_object (bytes) costs the latency only: its length varies with the
             # wall-clock numbers it carries, which must not move the simulated clock
-            self._world.delay(tensor.numel() * tensor.element_size() if tensor.is_floating_point() else 0)
+            self._world.delay(t0, self._rank, "allgather", range(self.world_size),
+                              tensor.numel() * tensor.element_size() if tensor.is_floating_point() else 0)
         return [p.to(tensor.device, copy=True) for p in parts]

@@ -9,7 +9,8 @@ thread due first in virtual time runs next. A thread yields when it
 * computes a step (:func:`compute_step`: its compute time, from the per-worker model below),
 * sleeps (:func:`sleep`), waits for a lock, a condition, an event, a future or a thread, or
 * receives a message not yet delivered (:class:`SimChannel`: delivery after ``latency_s`` plus
-  the bytes over ``bytes_per_s``).
+  the bytes over ``bytes_per_s``, or after what the simulation's cluster model, :mod:`.costmodel`,
+  says the message costs).
 
 Equal virtual times are broken by a key drawn from the simulation's seeded generator when the
 thread became runnable. Nothing else decides the order, so the same seed gives the same run to the
@@ -299,6 +300,7 @@ def compute_step(rank: int, extra: Callable[[float], float]) -> float:
         raise RuntimeError("compute_step outside a simulation")
     base = s.step_seconds(rank)
     total = base + extra(base)
+    s.ledger.compute(rank, total)
     s.sleep(total)
     return total
 
@@ -313,10 +315,17 @@ class Mailboxes:
         self._boxes: dict[tuple[int, int], collections.deque] = {}
         self._last: dict[tuple[int, int], float] = {}
         self._waiting: dict[tuple[int, int], _Task] = {}
+        self._transit: list[tuple[int, int, float]] = []     # messages in flight: (src, dst, delivery)
 
     def put(self, src: int, dst: int, t: torch.Tensor) -> None:
         key = (src, dst)
-        at = max(self.sim.now + self.sim.transfer_seconds(t.numel() * t.element_size()), self._last.get(key, 0.0))
+        now = self.sim.now
+        self._transit = [(a, b, end) for a, b, end in self._transit if end > now]
+        flows = self.sim.cost.concurrent(src, dst, [(a, b) for a, b, _ in self._transit])
+        cost = self.sim.cost.p2p(src, dst, t.numel() * t.element_size(), flows)
+        self.sim.ledger.comm(src, 0.0, cost)
+        at = max(now + cost.seconds, self._last.get(key, 0.0))
+        self._transit.append((src, dst, at))
         self._last[key] = at
         self._boxes.setdefault(key, collections.deque()).append((at, t))
         w = self._waiting.pop(key, None)
@@ -325,6 +334,7 @@ class Mailboxes:
 
     def get(self, src: int, dst: int) -> torch.Tensor:
         key = (src, dst)
+        t0 = self.sim.now
         box = self._boxes.setdefault(key, collections.deque())
         while not box:
             self._waiting[key] = self.sim.me()
@@ -336,4 +346,5 @@ class Mailboxes:
         if at > self.sim.now:
             self.sim.pause(at, f"the delivery of a message from rank {src}", progress=True)
         box.popleft()
+        self.sim.ledger.comm(dst, self.sim.now - t0)     # the time it waited for the message
         return t

@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .costmodel import FlatCost, Ledger
+
 _tls = threading.local()
 #: timer wake-ups in a row with no other event after which the waiting threads are deadlocked
 POLL_LIMIT = 20000
@@ -53,9 +55,13 @@ class _Task:
 class Simulation:
     """The scheduler of one simulated run (see module docstring)."""
 
-    def __init__(self, cfg, seed: int = 0) -> None:
-        """``cfg``: step_s, step_jitter, latency_s, bytes_per_s and seed (``stragglers.SimClockConfig``)."""
+    def __init__(self, cfg, seed: int = 0, cost=None) -> None:
+        """``cfg``: step_s, step_jitter, latency_s, bytes_per_s and seed (``stragglers.SimClockConfig``);
+        ``cost``: what collectives and messages cost (a :class:`~.costmodel.Cluster`; default the flat
+        ``latency_s + bytes / bytes_per_s`` of ``cfg``)."""
         self.cfg = cfg
+        self.cost = cost if cost is not None else FlatCost(cfg.latency_s, cfg.bytes_per_s)
+        self.ledger = Ledger()      # compute and communication seconds per rank, bytes per link
         self.seed = int(cfg.seed if cfg.seed is not None else seed)
         self.now = 0.0
         self._rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0x51C])
@@ -88,8 +94,11 @@ class Simulation:
         return self.cfg.latency_s + float(nbytes) / self.cfg.bytes_per_s
 
     def summary(self) -> dict:
-        """Plain data: virtual seconds, thread switches, a digest of the order the threads ran in."""
-        return {"virtual_s": round(self.now, 6), "switches": self.switches, "trace": self._trace.hexdigest()}
+        """Plain data: virtual seconds, thread switches, a digest of the order the threads ran in, the
+        share of the ranks' time spent communicating and the bytes that crossed each link."""
+        led = self.ledger.summary(self.now)
+        return {"virtual_s": round(self.now, 6), "switches": self.switches, "trace": self._trace.hexdigest(),
+                "comm_share": led["comm_share"], "bytes_per_link": led["bytes_per_link"]}
 
     # ------------------------------------------------------------------ threads
     def spawn(self, fn: Callable, args: tuple = (), name: str = "sim") -> _Task:
