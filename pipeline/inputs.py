@@ -23,14 +23,17 @@ from .committed import committed_files
 from .errors import BadInputError, ConfigError
 from .fs import Location, error_reason, location
 from .spark import forward_s3_settings, spark_task, task_frame
-from .tables.snapshot import is_delta_table, snapshot_files
+from .tables.snapshot import check_one_run, is_delta_table, snapshot_files
 
 
 def dataset_files(path: str | os.PathLike | Location, suffix: str = ".parquet", what: str = "input",
                   version: Optional[int] = None) -> list[str]:
     """The URIs of a committed dataset's data files, sorted; BadInputError when it has none. A
-    Delta table: the files of its snapshot (the newest, or ``version``), never a listing."""
+    Delta table: the files of its snapshot (the newest, or ``version``), never a listing; the
+    newest only when the tables written with it are of the same run (``check_one_run``)."""
     if is_delta_table(path):
+        if version is None:
+            check_one_run(path)
         uris = snapshot_files(path, version)
         if not uris:
             raise BadInputError(f"{what} {location(path)} (Delta table) holds no data files at version "

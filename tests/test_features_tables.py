@@ -5,13 +5,17 @@ files' row count or absent (never ``""``)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow.parquet as pq
+import pytest
 
 from delta_drills import commit_sources
 from tables_drills import KILLED, run_drill, write_tables
 
+from pipeline.errors import BadInputError
 from pipeline.fs import location
+from pipeline.inputs import dataset_files
 from pipeline.tables.job import torn_tables
 from pipeline.tables.snapshot import snapshot_files
 
@@ -31,7 +35,8 @@ def _adds(table) -> list[dict]:
 def test_a_run_stopped_between_its_tables_is_reported_and_replaced(tmp_path, monkeypatch, capsys):
     """A run stopped after each commit step in turn until one stops between hlf/'s log entry and
     llf/'s: torn_tables names both versions, the next run prints that line, commits both tables and
-    deletes what the stopped run left under every ``_pipeline/jobs/``."""
+    deletes what the stopped run left under every ``_pipeline/jobs/``. Until then a reader of either
+table's newest version stops with that line (the ``scaling.json`` beside them is the older run's)."""
     import pipeline.tables.job as job_mod
 
     out = tmp_path / "features"
@@ -48,6 +53,10 @@ def test_a_run_stopped_between_its_tables_is_reported_and_replaced(tmp_path, mon
     assert line is not None and line.startswith(f"{out}: a run stopped between its tables' commits: hlf/ at "
                                                 "version 1 (run "), line
     assert "llf/ at version 0 (run " in line
+    for t in TABLES:               # a reader of either table's newest version (the shard stage, training)
+        with pytest.raises(BadInputError, match=re.escape(f"{line}: rerun the stage that wrote them")):
+            dataset_files(str(out / t))
+    assert len(dataset_files(str(out / "hlf"), version=0)) == 1     # one run's version still reads
     assert json.loads((out / "report.json").read_text()) == {"rows": 1}
     assert any((out / "_pipeline" / "jobs").iterdir())            # the stopped runs' prefixes
     monkeypatch.setattr(job_mod, "STALE_S", -60)                  # every other job's prefix counts as stopped
@@ -55,6 +64,7 @@ def test_a_run_stopped_between_its_tables_is_reported_and_replaced(tmp_path, mon
     assert f"{line}; this run replaces them all" in capsys.readouterr().out
     assert (_runs(out / "hlf"), _runs(out / "llf")) == ([3], [3])
     assert torn_tables(location(str(out)), TABLES) is None
+    assert all(len(dataset_files(str(out / t))) == 1 for t in TABLES)
     for d in (out, out / "hlf", out / "llf"):
         jobs = d / "_pipeline" / "jobs"
         assert not jobs.exists() or not any(jobs.iterdir()), d

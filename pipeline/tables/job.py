@@ -455,7 +455,8 @@ class TablesJob(OutputJob):
         return self.final.child(rel)
 
     def commit(self) -> list[str]:
-        record = {"stage": self.stage, "job": self.job_id, "tables_job": self.job_id, "overwrite": True,
+        record = {"stage": self.stage, "job": self.job_id, "tables_job": self.job_id, "tables": list(self.tables),
+                  "overwrite": True,
                   "files": {rel: json.loads(b) for rel, b in self.small.items() if rel.endswith(".json")}}
         names = []
         for t in self.tables:

@@ -12,6 +12,7 @@ the folder names, so add ``.option("basePath", table)`` for them).
 from __future__ import annotations
 
 import os
+import posixpath
 from typing import Optional
 
 from ..errors import BadInputError
@@ -45,6 +46,25 @@ def snapshot_files(path: str | os.PathLike | Location, version: Optional[int] = 
     each inside the table (:func:`~pipeline.fs.confined`: a log naming a file elsewhere is one line)."""
     loc = location(path)
     return [str(confined(loc, f.path, loc.child(deltalog.DELTA_LOG))) for f in deltalog.snapshot(loc, version).files]
+
+
+def check_one_run(path: str | os.PathLike | Location) -> None:
+    """The newest version of the table ``path`` and of the tables written with it (a feature
+    stage's ``hlf/`` and ``llf/``: its log record's ``tables``, beside it) are one run's; one line
+    naming each table's version when a run stopped between their commits (the files beside them,
+    ``scaling.json``, are then an older run's). Tables without such a record pass."""
+    from .job import torn_tables
+
+    loc = location(path)
+    recs = deltalog.commits(loc)
+    rec = max(recs, key=lambda r: r[0])[1] if recs else {}
+    tables = rec.get("tables")
+    if not rec.get("tables_job") or not isinstance(tables, list) or loc.is_bucket_root:
+        return
+    torn = torn_tables(Location(loc.scheme, posixpath.dirname(loc.path.rstrip("/"))), tuple(tables))
+    if torn:
+        raise BadInputError(f"{torn}: rerun the stage that wrote them (it replaces them all), or read one "
+                            "version (input_version)")
 
 
 def ledger(path: str | os.PathLike | Location, version: Optional[int] = None) -> Ledger:
