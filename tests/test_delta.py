@@ -492,7 +492,9 @@ def test_features_and_shards_from_table_snapshots_and_versions(spark, tmp_path, 
     """Day 1 and day 2 of the daily recipe in process: the feature stage reads the table's snapshot
     (each data file's ROOT file and entries from the ledger) into Delta tables hlf/ and llf/, one
     version per day, each carrying its scaling.json; the shard stage reads hlf/ at the newest
-    version and, with input_version, at day 1's."""
+    version and, with input_version, at day 1's. The landing folders' names need quoting; day 2
+    also replaces a changed file, and the feature stage's plan at version 0 still finds day 1's files."""
+    from pipeline.features.plan import plan_units
     from pipeline.features.stage import FeaturesConfig, build_features
     from pipeline.features.delphes import REQUIRED_BRANCHES
     from pipeline.shards.materialize import ShardConfig, shard
@@ -515,7 +517,11 @@ def test_features_and_shards_from_table_snapshots_and_versions(spark, tmp_path, 
     assert sorted(f["file"] for f in day1["files"]) == sorted(str(p) for p in land.glob("*/*.root"))
     (land / "wjets").mkdir()
     shutil.copy(delphes_root, land / "wjets" / "wjets_0.root")
-    assert ingest_root(cfg, spark)["new_files"] == 1
+    qcd = land / folders["qcd"] / "qcd_0.root"
+    os.utime(qcd, ns=(qcd.stat().st_atime_ns, qcd.stat().st_mtime_ns + 10 ** 9))      # changed: its rows replaced
+    assert ingest_root(cfg.model_copy(update={"on_changed": "replace"}), spark)["new_files"] == 2
+    files0 = plan_units(fcfg.model_copy(update={"input_version": 0}))[0]              # time travel over the replace
+    assert sorted(f.path for f in files0) == sorted(f["file"] for f in day1["files"])
     day2 = build_features(fcfg, spark)
     assert len(day2["files"]) == 3 and day2["splits"]["train"] == day1["splits"]["train"] + 1
     assert (day1["input_versions"], day2["input_versions"]) == ({str(table): 0}, {str(table): 1})   # in report.json
