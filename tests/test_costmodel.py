@@ -212,6 +212,8 @@ def test_cluster_config_resolves_presets_and_overrides():
     (["cluster.nodes=2"], "cluster.inter_latency_s=None"),
     (["cluster.preset=gbe10", "cluster.allreduce=tree"], "cluster.allreduce='tree': needs cluster.backend='nccl'"),
     (["cluster.preset=gbe10", "cluster.backend=mpi"], "cluster.backend='mpi'"),
+    (["cluster.preset=gbe10", "cluster.compute_step_s={16: 0.01}"], "needs cluster.compute_source"),
+    (["cluster.preset=gbe10", "cluster.compute_step_s={16: -0.01}", "cluster.compute_source=x"], "step_s[16]"),
 ])
 def test_bad_cluster_config_value_is_one_line(overrides, match):
     with pytest.raises(ConfigError) as e:

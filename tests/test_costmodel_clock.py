@@ -80,3 +80,21 @@ def test_a_slower_link_costs_time_and_moves_the_same_bytes(digits4, tmp_path):
     assert slow["bytes_per_link"] == fast["bytes_per_link"]
     # 2 nodes x 2 ranks: the ring crosses between the nodes both ways and stays inside each node
     assert set(slow["bytes_per_link"]) >= {"node0->node1", "node1->node0", "node0", "node1"}
+
+
+def test_the_compute_profile_sets_the_step_time_at_the_runs_local_batch(digits4, tmp_path):
+    # profile 8 -> 0.02 s, 32 -> 0.05 s; the run's local batch 16: 0.02 + (0.05 - 0.02) * 8 / 24 = 0.03 s.
+    # No jitter and a free network: the 4 steps of the epoch (64 digits a worker, batch 16) take
+    # 4 * 0.03 = 0.12 virtual seconds
+    cluster = {**FREE, "compute_step_s": {8: 0.02, 32: 0.05}, "compute_source": "given for the test"}
+    run = train(_cfg(digits4, tmp_path / "p", {"name": "arsgd"}, cluster=cluster,
+                     simulated_clock={"step_jitter": 0.0}))
+    assert run["steps"] == 4
+    assert run["ranks"][0]["simulated_clock"]["virtual_s"] == pytest.approx(0.12, abs=1e-6)
+    # a batch the profile does not cover: one line, before any rank starts
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        train(_cfg(digits4, tmp_path / "q", {"name": "arsgd"}, cluster={**cluster, "compute_step_s": {32: 0.05, 64: 0.1}},
+                   simulated_clock={"step_jitter": 0.0}))
+    assert "batch size 16 outside the profile's measured 32..64" in str(e.value) and "\n" not in str(e.value)

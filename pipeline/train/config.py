@@ -85,10 +85,36 @@ class ClusterConfig(BaseModel):
         "auto", description="auto: what the backend picks (gloo: ring; nccl: the cheaper of ring and tree) | ring | "
                             "tree (nccl) | hierarchical (Horovod: inside nodes, across nodes, inside nodes)")
 
+    compute_step_s: Optional[dict[int, float]] = Field(
+        None, description="compute profile: seconds of one training step per local batch size, measured on this "
+                          "machine (costmodel.measure_profile) or given for named hardware; the run's step takes "
+                          "its local batch's time (linear between two given sizes) unless simulated_clock.step_s "
+                          "is set")
+    compute_source: Optional[str] = Field(None, description="where compute_step_s comes from (required with it)")
+
     @property
     def enabled(self) -> bool:
         return any(v is not None for v in (self.preset, self.nodes, self.ranks_per_node, self.inter_latency_s,
-                                           self.inter_bytes_per_s, self.intra_latency_s, self.intra_bytes_per_s))
+                                           self.inter_bytes_per_s, self.intra_latency_s, self.intra_bytes_per_s,
+                                           self.compute_step_s))
+
+    def profile(self):
+        """The :class:`~.comm.costmodel.ComputeProfile` of ``compute_step_s`` (None when unset)."""
+        from .comm.costmodel import ComputeProfile
+
+        if self.compute_step_s is None:
+            return None
+        try:
+            return ComputeProfile(dict(self.compute_step_s), self.compute_source or "")
+        except ValueError as e:
+            raise ConfigError(f"invalid config value cluster.compute_step_s={self.compute_step_s}: {e}") from None
+
+    def step_seconds(self, local_batch: int) -> float:
+        """A step's seconds at the run's local batch from the compute profile; one line outside it."""
+        try:
+            return self.profile().seconds(local_batch)
+        except ValueError as e:
+            raise ConfigError(f"invalid config value cluster.compute_step_s={self.compute_step_s}: {e}") from None
 
     @model_validator(mode="after")
     def _valid(self):
@@ -101,6 +127,10 @@ class ClusterConfig(BaseModel):
             if missing:
                 raise ConfigError(f"invalid config value cluster.{missing[0]}=None: without a preset the cluster "
                                   f"needs inter_latency_s and inter_bytes_per_s")
+        if self.compute_step_s is not None and not (self.compute_source or "").strip():
+            raise ConfigError(f"invalid config value cluster.compute_step_s={self.compute_step_s}: needs "
+                              "cluster.compute_source, where the numbers come from")
+        self.profile()
         if self.allreduce == "tree" and self.backend != "nccl":
             raise ConfigError("invalid config value cluster.allreduce='tree': needs cluster.backend='nccl' (gloo's "
                               "allreduce is a ring)")

@@ -150,8 +150,9 @@ def simulated(cfg) -> bool:
             or time_round_steps(cfg.algorithm.name, cfg.algorithm.params) is not None)
 
 
-def clock_settings(cfg):
-    """``cfg.simulated_clock`` with ``step_s`` resolved: as given, else the time budget's own step where
+def clock_settings(cfg, local_batch: Optional[int] = None):
+    """``cfg.simulated_clock`` with ``step_s`` resolved: as given, else the cluster's compute profile at
+    the run's ``local_batch`` (``cluster.compute_step_s``), else the time budget's own step where
     the run has one (a round of ``round_seconds`` is meant to hold the steps the algorithm declares:
     ``algorithms.time_round_steps``), else 0.01 s."""
     from .algorithms import time_round_steps, validate_params
@@ -160,6 +161,8 @@ def clock_settings(cfg):
     clk = cfg.simulated_clock
     if clk.step_s is not None:
         return clk
+    if cfg.cluster.compute_step_s is not None and local_batch is not None:
+        return clk.model_copy(update={"step_s": cfg.cluster.step_seconds(local_batch)})
     base, params = base_algorithm(cfg.algorithm.name, cfg.algorithm.params)
     steps = time_round_steps(base, params)
     seconds = getattr(validate_params(base, params), "round_seconds", None)
@@ -204,7 +207,8 @@ def run_inprocess(args: tuple, world: int) -> list[dict]:
     cfg = TrainConfig.model_validate_json(args[0])
     for m in PRELOAD:       # once, before the ranks: M threads importing torch._dynamo at their first step
         importlib.import_module(m)      # wait on each other for seconds (and count toward the stall limit)
-    sim = Simulation(clock_settings(cfg), seed=cfg.seed, cost=cfg.cluster.resolve(world)) if simulated(cfg) else None
+    sim = (Simulation(clock_settings(cfg, args[2].get("batch_size")), seed=cfg.seed, cost=cfg.cluster.resolve(world))
+           if simulated(cfg) else None)
     meeting = InProcessWorld(world, sim=sim, stall_s=cfg.stall_timeout)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
