@@ -173,6 +173,7 @@ def test_fast_zlib_is_the_switch_uproot_reads_with(nano_dy):
         cls.library = "no-such-library"
         with uproot.open(nano_dy) as f, pytest.raises(ValueError, match="unrecognized ZLIB.library"):
             f["Events"].arrays(["Muon_pt"])
+        cls.library = saved
         assert use_fast_zlib() == "isal" and cls.library == "isal"   # isal is pinned in requirements*.txt
         with uproot.open(nano_dy) as f:
             got = f["Events"].arrays(["Muon_pt", "event", "HLT_IsoMu24"])
@@ -201,3 +202,23 @@ def test_memoized_classnames_are_the_ones_uproot_uses(nano_dy):
             assert cached(n) == plain(n)
     finally:
         model.classname_regularize = saved
+
+
+def test_fast_zlib_leaves_writing_alone():
+    """Files uproot writes in the same process stay zlib level-1 compressed (ISA-L's level 1 would
+    be its level 0: larger files)."""
+    import zlib
+
+    from uproot import compression
+
+    data = np.arange(50_000, dtype=">f4").tobytes()
+    saved = (compression._DecompressZLIB.library, vars(compression.ZLIB).get("library"))
+    try:
+        use_fast_zlib()
+        assert uproot.ZLIB(1).compress(data) == zlib.compress(data, 1)
+    finally:
+        compression._DecompressZLIB.library = saved[0]
+        if saved[1] is None and "library" in vars(compression.ZLIB):
+            delattr(compression.ZLIB, "library")
+        elif saved[1] is not None:
+            compression.ZLIB.library = saved[1]

@@ -123,29 +123,37 @@ def reuse_interpretations(tree, names, plans: dict) -> int:
     return reused
 
 
-def use_fast_zlib() -> str:
+def use_fast_zlib(enable: bool = True) -> str:
     """Decompress ZLIB baskets with ISA-L when ``isal`` is installed (else zlib, uproot's default);
     the library in use. uproot's documented switch ``uproot.ZLIB.library`` sets the attribute on the
     compression class, but baskets are decompressed by an instance of its base class
     (``uproot.compression._DecompressZLIB``), so the switch is made there (uproot 5.7.7). Its
     ``"deflate"`` choice calls ``deflate.zlib_decompress(data, bufsize=...)``, which deflate 0.9.0
-    refuses (``originalsize``), so it is not offered."""
+    refuses (``originalsize``), so it is not offered. ``ZLIB`` (the writer) inherits the attribute,
+    and ISA-L compresses level 1 as its level 0 (larger files), so the writer keeps its own value."""
     from uproot import compression
 
     cls = getattr(compression, "_DecompressZLIB", None)
     if cls is None or not hasattr(cls, "library"):
         return "zlib"
+    if not enable:                                   # back to uproot's default (bench/ingest.py --ab)
+        cls.library = "zlib"
+        return "zlib"
     try:
         import isal.isal_zlib  # noqa: F401
     except ImportError:
         return cls.library
+    writer = getattr(compression, "ZLIB", None)
+    if writer is not None and "library" not in vars(writer):
+        writer.library = "zlib"                  # writing (ZLIB.compress) keeps uproot's default
     cls.library = "isal"
     return "isal"
 
 
-def memoize_classnames() -> bool:
+def memoize_classnames(enable: bool = True) -> bool:
     """Cache uproot's ``uproot.model.classname_regularize`` (a pure function of a class name,
-    looked up on the module at every call); False when this uproot has no such function."""
+    looked up on the module at every call; ``enable=False`` puts uproot's own back); False when
+    this uproot has no such function."""
     import functools
 
     from uproot import model
@@ -153,6 +161,8 @@ def memoize_classnames() -> bool:
     f = getattr(model, "classname_regularize", None)
     if not callable(f):
         return False
-    if not hasattr(f, "cache_info"):
+    if not enable:
+        model.classname_regularize = getattr(f, "__wrapped__", f)
+    elif not hasattr(f, "cache_info"):
         model.classname_regularize = functools.lru_cache(maxsize=4096)(f)
     return True
