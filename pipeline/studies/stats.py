@@ -65,3 +65,60 @@ def cell_stats(results, metrics: list[str], baseline):
             rows.append({"cell": cell, "metric": metric, "n": len(x), "n_runs": len(col), "mean": m, "std": s,
                          "ci_low": lo, "ci_high": hi, "p_value": p, "baseline": cell == b, "baseline_cell": b})
     return pd.DataFrame(rows, columns=STAT_COLUMNS)
+
+
+def welch_parts(a, b) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), its standard error, Welch's degrees of freedom); NaN below two values a side."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or len(b) < 2:
+        return NAN, NAN, NAN
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return float(a.mean() - b.mean()), 0.0, NAN
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(a.mean() - b.mean()), se, float(df)
+
+
+def welch_test(a, b, alternative: str = "two-sided") -> float:
+    """Welch's t-test p-value of mean(a) - mean(b): ``two-sided``, ``greater`` (a above b) or ``less``."""
+    from scipy import stats
+
+    d, se, df = welch_parts(a, b)
+    if math.isnan(d) or se == 0:
+        return NAN
+    t = d / se
+    if alternative == "greater":
+        return float(stats.t.sf(t, df))
+    if alternative == "less":
+        return float(stats.t.cdf(t, df))
+    return float(2 * stats.t.sf(abs(t), df))
+
+
+def one_sided_bound(a, b, alternative: str, confidence: float = CONFIDENCE) -> float:
+    """The one-sided ``confidence`` bound of mean(a) - mean(b) that a test of ``alternative`` uses: the
+    upper bound for ``greater`` (an effect above it is ruled out), the lower bound for ``less``."""
+    from scipy import stats
+
+    d, se, df = welch_parts(a, b)
+    if math.isnan(d) or math.isnan(df):
+        return NAN
+    t = float(stats.t.ppf(confidence, df)) * se
+    return d + t if alternative == "greater" else d - t
+
+
+def welch_power(effect: float, a, b, alternative: str, alpha: float = 1 - CONFIDENCE) -> float:
+    """The power of Welch's test at level ``alpha`` to find a true difference ``effect`` (mean(a) -
+    mean(b)) at the spreads and sizes of ``a`` and ``b`` (the noncentral t distribution)."""
+    from scipy import stats
+
+    d, se, df = welch_parts(a, b)
+    if math.isnan(d) or math.isnan(df) or se == 0:
+        return NAN
+    nc = effect / se
+    if alternative == "greater":
+        return float(stats.nct.sf(stats.t.ppf(1 - alpha, df), df, nc))
+    if alternative == "less":
+        return float(stats.nct.cdf(-stats.t.ppf(1 - alpha, df), df, nc))
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))

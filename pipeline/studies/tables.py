@@ -39,10 +39,11 @@ from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from .grid import REPO, _same
 from .records import study_records
+from .verdicts import VerdictSpec, judge, render_verdict
 
 RESULTS = REPO / "results"
 PAGE = REPO / "docs" / "results.md"
-REGION = re.compile(r"(<!-- results-table: ([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /results-table -->)", re.S)
+REGION = re.compile(r"(<!-- results-(table|verdict): ([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /results-\2 -->)", re.S)
 
 
 class Line(BaseModel):
@@ -71,6 +72,7 @@ class TableSpec(BaseModel):
     test: Optional[Test] = None
     best_by: Optional[str] = Field(None, description="where a table cell holds several study cells (e.g. a rate "
                                                      "grid), show the one with the highest mean of this metric")
+    verdict: Optional[VerdictSpec] = Field(None, description="the comparisons the verdict rests on (.verdicts)")
 
 
 def load_spec(study: str, root: Path = RESULTS) -> TableSpec:
@@ -98,20 +100,35 @@ def _metric(records: list[dict], metric: str) -> list[float]:
     return out
 
 
-def _select(records: list[dict], spec: "TableSpec", row: Line, col: Line) -> tuple[list[float], str]:
-    """The metric's values of the records a table cell holds, and (with ``best_by``) which study
-    cell was chosen."""
+def _chosen(records: list[dict], spec: "TableSpec", row: Line, col: Line) -> tuple[list[dict], str, bool]:
+    """The records a table cell holds; with ``best_by``, those of the study cell chosen, its name, and
+    whether it is the first or last of the grid the cell chooses from (its ``any_of`` order)."""
     hits = [r for r in records if _matches(r, {**row.where, **col.where}, {**row.any_of, **col.any_of})]
     if not spec.best_by or not hits:
-        return _metric(hits, spec.metric), ""
+        return hits, "", False
     cells: dict[str, list[dict]] = {}
     for r in hits:
         cells.setdefault(r["cell"], []).append(r)
     scored = [(sum(v) / len(v), c) for c, recs in cells.items() if (v := _metric(recs, spec.best_by))]
     if not scored:
-        return [], ""
+        return [], "", False
     best = max(scored)[1]
-    return _metric(cells[best], spec.metric), best
+    grid = {**row.any_of, **col.any_of}
+
+    def position(cell: str) -> int:
+        f = cells[cell][0].get("factors", {})
+        return min((vs.index(next(v for v in vs if _same(f.get(k), v))) for k, vs in grid.items()
+                    if any(_same(f.get(k), v) for v in vs)), default=0)
+
+    order = sorted(cells, key=position)
+    return cells[best], best, len(order) > 1 and best in (order[0], order[-1])
+
+
+def _select(records: list[dict], spec: "TableSpec", row: Line, col: Line) -> tuple[list[float], str]:
+    """The metric's values of the records a table cell holds, and (with ``best_by``) which study
+    cell was chosen."""
+    recs, best, _ = _chosen(records, spec, row, col)
+    return _metric(recs, spec.metric), best
 
 
 def _p(a: list[float], b: list[float], alternative: str) -> float:
@@ -127,7 +144,21 @@ def _p(a: list[float], b: list[float], alternative: str) -> float:
         return float(stats.ttest_ind(a, b, equal_var=False, alternative=alternative).pvalue)
 
 
-def _ours(vals: list[float], percent: bool) -> str:
+def _at_chance(spec: "TableSpec", vals: list[float]) -> tuple[list[float], int]:
+    """(the values above chance, how many are at chance): runs that collapsed to chance are counted,
+    never averaged into a mean that a test compares (``verdict.chance_below``, in the table's unit)."""
+    below = spec.verdict.chance_below if spec.verdict else None
+    if below is None:
+        return vals, 0
+    k = 100.0 if spec.percent else 1.0
+    kept = [v for v in vals if k * v > below]
+    return kept, len(vals) - len(kept)
+
+
+def _ours(vals: list[float], percent: bool, chance: int = 0) -> str:
+    if chance:
+        more = f"{chance} more at chance" if vals else f"{chance} of {chance} at chance"
+        return f"{_ours(vals, percent)[:-1]}; {more})" if vals else f"- ({more})"
     if not vals:
         return "not run yet"
     k = 100.0 if percent else 1.0
@@ -162,7 +193,12 @@ def render(study: str, root: Path = RESULTS) -> str:
     if test and test.against_row:
         header += [f"p (vs {test.against_row}{side})" + (f", {c.label}" if len(spec.columns) > 1 else "")
                    for c in spec.columns]
-    table = {(r.label, c.label): _select(records, spec, r, c) for r in spec.rows for c in spec.columns}
+    table, chance = {}, {}
+    for r in spec.rows:
+        for c in spec.columns:
+            vals, chosen = _select(records, spec, r, c)
+            kept, chance[(r.label, c.label)] = _at_chance(spec, vals)
+            table[(r.label, c.label)] = (kept, chosen)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     for i, row in enumerate(spec.rows):
         cells = [row.label]
@@ -170,7 +206,7 @@ def render(study: str, root: Path = RESULTS) -> str:
             vals, chosen = table[(row.label, c.label)]
             if c.source:
                 cells.append(c.source[i] or "-")
-            cells.append(_ours(vals, spec.percent) + (f" ({chosen})" if chosen else ""))
+            cells.append(_ours(vals, spec.percent, chance[(row.label, c.label)]) + (f" ({chosen})" if chosen else ""))
         for c in tested:
             p = _p(table[(row.label, c.label)][0], table[(row.label, test.against)][0], test.alternative)
             cells.append("-" if math.isnan(p) else f"{p:.3g}")
@@ -186,16 +222,181 @@ def render(study: str, root: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 
+def _line(spec: TableSpec, label: str, rows: bool) -> Line:
+    lines = spec.rows if rows else spec.columns
+    hit = [x for x in lines if x.label == label]
+    if not hit:
+        raise ConfigError(f"verdict: {'row' if rows else 'column'} {label!r} is not in the table")
+    return hit[0]
+
+
+def best_is_last(rec: dict) -> bool:
+    """Whether a run's best validation accuracy is its last validation (still rising at the end)."""
+    vals = [r["accuracy"] for r in rec.get("curve", []) if r.get("split") == "val" and r.get("accuracy") is not None]
+    return bool(vals) and vals[-1] >= max(vals)
+
+
+def _cell_name(spec: TableSpec, row: str, col: str) -> str:
+    r = f"{spec.row_header} = {row}" if spec.row_header and re.fullmatch(r"[\d.]+", row) else row
+    return r if len(spec.columns) == 1 else f"{r}, {col}"
+
+
+def verdict_facts(study: str, spec: TableSpec, records: list[dict]) -> list[str]:
+    """The facts under a verdict, from the records: runs and seeds, the steps of each table cell,
+    the runs at chance, and (``converged`` not ``ignore``) the runs still rising at their end."""
+    k = 100.0 if spec.percent else 1.0
+    v = spec.verdict
+    seeds = sorted({r["seed"] for r in records})
+    steps: dict[int, list[str]] = {}
+    rising: list[str] = []
+    n_rising = 0
+    for row in spec.rows:
+        for col in spec.columns:
+            recs, _, _ = _chosen(records, spec, row, col)
+            name = _cell_name(spec, row.label, col.label)
+            for n in sorted({int(r["metrics"]["steps"]) for r in recs if isinstance(r["metrics"].get("steps"), (int, float))}):
+                steps.setdefault(n, []).append(name)
+            up = sum(best_is_last(r) for r in recs)
+            if up:
+                rising.append(f"{name} {up} of {len(recs)}")
+                n_rising += up
+    facts = [f"Runs: {len(records)} records in `results/{study}/`, seeds {seeds}. Steps per run: "
+             + "; ".join(f"{n:,} in " + ", ".join(f"({c})" for c in cells) for n, cells in sorted(steps.items()))
+             + "."]
+    if v.chance_below is not None:
+        chance: dict[str, list[str]] = {}
+        for r in records:  # every run of the study, the cells the table does not show included
+            x = r["metrics"].get(spec.metric)
+            if isinstance(x, (int, float)) and k * x <= v.chance_below:
+                chance.setdefault(r["cell"], []).append(f"seed {r['seed']}: {k * x:.2f}")
+        listed = "; ".join(f"{cell} ({', '.join(xs)})" for cell, xs in chance.items())
+        facts.append(f"Runs at chance (`{spec.metric}` at or below {v.chance_below:g}{'%' if spec.percent else ''}; "
+                     f"left out of every mean and test above): {sum(map(len, chance.values()))} of {len(records)}"
+                     + (f": {listed}." if listed else "."))
+    if v.converged != "ignore":
+        held = sum(len(_chosen(records, spec, r, c)[0]) for r in spec.rows for c in spec.columns)
+        facts.append(f"Runs whose best validation accuracy is their last validation (still rising at the end of "
+                     f"the budget): {n_rising} of {held}"
+                     + (f" ({'; '.join(rising)})." if rising else "."))
+    return facts
+
+
+def render_verdict_region(study: str, root: Path = RESULTS) -> str:
+    """The generated verdict of one study (:mod:`.verdicts`): the verdict line, the comparisons and
+    the facts, from the records."""
+    spec = load_spec(study, root)
+    if spec.verdict is None:
+        raise ConfigError(f"{root / study / 'table.yaml'}: no verdict block for the verdict region of {study}")
+    records = study_records(root / study)
+    k = 100.0 if spec.percent else 1.0
+    v = spec.verdict
+    results = []
+    for c in v.comparisons:
+        picked = []
+        for w in (c.cell, c.against):
+            recs, best, edge = _chosen(records, spec, _line(spec, w.row, True), _line(spec, w.column, False))
+            picked.append((recs, best, edge))
+        (ra, ba, ea), (rb, bb, eb) = picked
+        edge = "; ".join(f"the best of {w.column}'s grid, {b.split(',')[0]}, is its edge" for w, b, e in
+                         ((c.cell, ba, ea), (c.against, bb, eb)) if e)
+        unconverged = None
+        if v.converged == "required":
+            ka, kb = sum(map(best_is_last, ra)), sum(map(best_is_last, rb))
+            if ka * 2 > len(ra) or kb * 2 > len(rb):
+                unconverged = (f"not converged: the best validation is the last in {ka} of {len(ra)} and "
+                               f"{kb} of {len(rb)} runs")
+        a = [k * x for x in _metric(ra, spec.metric)]
+        b = [k * x for x in _metric(rb, spec.metric)]
+        results.append(judge(a, b, c, v.chance_below, unconverged, edge or None))
+    return render_verdict(study, results, verdict_facts(study, spec, records), "p.p." if spec.percent else "")
+
+
+SOURCE_VALUE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:±|%)")
+
+
+def _val_curve(rec: dict, k: float) -> dict[int, float]:
+    return {int(r["step"]): k * float(r["accuracy"]) for r in rec.get("curve", [])
+            if r.get("split") == "val" and r.get("accuracy") is not None}
+
+
+def _line_data(label: str, recs: list[dict], k: float, source: Optional[str]) -> dict:
+    """One line of a figure: the mean and standard deviation over the runs at each validation step
+    (the steps every run has), and the source's number where it states one (``88.29 ± 0.51``, ``91.68%``)."""
+    curves = [_val_curve(r, k) for r in recs]
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    mean, std = [], []
+    for st in steps:
+        xs = [c[st] for c in curves]
+        m = sum(xs) / len(xs)
+        mean.append(m)
+        std.append(math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+    hit = SOURCE_VALUE.match(source or "")
+    return {"label": label, "n": len(recs), "steps": steps, "mean": mean, "std": std,
+            "source": float(hit.group(1)) if hit else None}
+
+
+def figure_data(study: str, root: Path = RESULTS) -> dict:
+    """What a study's figure shows, from its records: one panel per table row (one panel for a table of
+    one column, its rows the lines), one line per table cell; validation accuracy against steps."""
+    spec = load_spec(study, root)
+    records = study_records(root / study)
+    k = 100.0 if spec.percent else 1.0
+
+    def line(row: Line, col: Line, label: str, source: Optional[str]) -> dict:
+        recs, best, _ = _chosen(records, spec, row, col)
+        return _line_data(label + (f", {best.split(',')[0]}" if best else ""), recs, k, source)
+
+    if len(spec.columns) == 1:
+        col = spec.columns[0]
+        panels = [{"title": f"{spec.row_header}: {col.label}".strip(": "),
+                   "lines": [line(r, col, r.label, col.source[i] if col.source else None)
+                             for i, r in enumerate(spec.rows)]}]
+    else:
+        panels = [{"title": r.label if "=" in r.label or not spec.row_header else f"{spec.row_header} = {r.label}",
+                   "lines": [line(r, c, c.label, c.source[i] if c.source else None) for c in spec.columns]}
+                  for i, r in enumerate(spec.rows)]
+    return {"title": study, "ylabel": "validation accuracy" + (" (%)" if spec.percent else ""), "panels": panels}
+
+
+def figure_path(page: Path, study: str) -> Path:
+    return page.parent / "figures" / f"results_{study}.png"
+
+
 def regenerate(page: Path = PAGE, root: Path = RESULTS) -> tuple[str, list[str]]:
-    """(the page with every results-table region regenerated, the studies found)."""
+    """(the page with every results-table and results-verdict region regenerated, the studies found).
+    A table region ends with its study's figure (:func:`figure_data`, written by :func:`write_figures`)."""
     text = page.read_text()
     studies: list[str] = []
 
     def sub(m: re.Match) -> str:
-        studies.append(m.group(2))
-        return m.group(1) + render(m.group(2), root) + m.group(4)
+        kind, study = m.group(2), m.group(3)
+        if kind == "table":
+            studies.append(study)
+            fig = figure_path(page, study).relative_to(page.parent).as_posix()
+            return (m.group(1) + render(study, root) + f"\n![{study}: validation accuracy against steps, mean and "
+                    f"± one standard deviation over the seeds; stars: the source's values]({fig})\n" + m.group(5))
+        return m.group(1) + render_verdict_region(study, root) + m.group(5)
 
     return REGION.sub(sub, text), studies
+
+
+def stale_figures(page: Path, root: Path, studies: list[str]) -> list[tuple[Path, dict]]:
+    """The figures of ``studies`` whose committed PNG does not show what the records hold now."""
+    from ..report.results_figures import digest, stored_digest
+
+    out = []
+    for study in studies:
+        data = figure_data(study, root)
+        path = figure_path(page, study)
+        if stored_digest(path) != digest(data):
+            out.append((path, data))
+    return out
+
+
+def write_figures(stale: list[tuple[Path, dict]]) -> list[str]:
+    from ..report.results_figures import draw
+
+    return [str(draw(data, path)) for path, data in stale]
 
 
 class ResultsTablesConfig(StageConfig):
@@ -210,7 +411,9 @@ def plan_tables(cfg: ResultsTablesConfig) -> dict:
     """``--dry-run``: the studies whose tables the page holds, and whether it is up to date."""
     page = Path(cfg.page)
     new, studies = regenerate(page, Path(cfg.results))
-    return {"page": str(page), "results": cfg.results, "studies": studies, "up_to_date": new == page.read_text()}
+    stale = stale_figures(page, Path(cfg.results), studies)
+    return {"page": str(page), "results": cfg.results, "studies": studies,
+            "up_to_date": new == page.read_text() and not stale, "stale_figures": [str(p) for p, _ in stale]}
 
 
 def results_tables(cfg: ResultsTablesConfig) -> dict:
@@ -221,8 +424,13 @@ def results_tables(cfg: ResultsTablesConfig) -> dict:
         raise BadInputError(f"results page not found: {page}")
     new, studies = regenerate(page, Path(cfg.results))
     current = new == page.read_text()
+    stale = stale_figures(page, Path(cfg.results), studies)
     if cfg.check and not current:
         raise PipelineError(f"{page} is out of date with the records in {cfg.results}: run python -m jobs.results_tables")
+    if cfg.check and stale:
+        raise PipelineError(f"{stale[0][0]} is out of date with the records in {cfg.results}: run python -m "
+                            f"jobs.results_tables")
+    figures = write_figures(stale)
     if not current:
         page.write_text(new)
-    return {"page": str(page), "studies": studies, "rewritten": not current}
+    return {"page": str(page), "studies": studies, "rewritten": not current or bool(figures), "figures": figures}
