@@ -337,14 +337,21 @@ def _line_data(label: str, recs: list[dict], k: float, source: Optional[str]) ->
 
 def figure_data(study: str, root: Path = RESULTS) -> dict:
     """What a study's figure shows, from its records: one panel per table row (one panel for a table of
-    one column, its rows the lines), one line per table cell; validation accuracy against steps."""
+    one column, its rows the lines), one line per table cell; validation accuracy against steps. Runs
+    at chance (``verdict.chance_below``) are left out of a line and counted in its label."""
     spec = load_spec(study, root)
     records = study_records(root / study)
     k = 100.0 if spec.percent else 1.0
 
+    below = spec.verdict.chance_below if spec.verdict else None
+
     def line(row: Line, col: Line, label: str, source: Optional[str]) -> dict:
         recs, best, _ = _chosen(records, spec, row, col)
-        return _line_data(label + (f", {best.split(',')[0]}" if best else ""), recs, k, source)
+        kept = [r for r in recs if below is None or not isinstance(r["metrics"].get(spec.metric), (int, float))
+                or k * r["metrics"][spec.metric] > below]   # runs at chance: counted, not averaged
+        gone = len(recs) - len(kept)
+        return _line_data(label + (f", {best.split(',')[0]}" if best else "") + (f"; {gone} at chance" if gone else ""),
+                          kept, k, source)
 
     if len(spec.columns) == 1:
         col = spec.columns[0]
