@@ -8,7 +8,8 @@ keeps matching); training stops after
 ``TRAIN["max_steps"]`` steps and validates every ``TRAIN["eval_every"]``; image studies ingest the first
 ``IMAGES["ingest.limit"]`` records (Fashion-MNIST: its 10,000 test images, then 10,000 training images);
 HEP studies generate ``HEP["events_per_class"]`` events per class and train with a batch of
-``HEP["train.batch_size"]`` per worker (the shards of many workers are small). What stays: the workers,
+``HEP["train.batch_size"]`` per worker (the shards of many workers are small). A kept variant's own value of one of
+these keys (a step budget per batch) gives way to the tiny one. What stays: the workers,
 layouts, algorithms, optimizers and schedules of every kept cell. A tiny run is never recorded
 (``records`` is dropped): its numbers are not results. A tiny run whose batches are not
 augmented runs its workers as ranks of one process (``launcher: inprocess``, :func:`in_one_process`:
@@ -41,7 +42,11 @@ def shrink(spec):
     keys = list(f.grid)
     first_two = bool(keys) and len(f.grid[keys[0]]) > 1
     grid = {k: v[:2] if (i == 0 and first_two) else v[:1] for i, (k, v) in enumerate(f.grid.items())}
-    factors = f.model_copy(update={"grid": grid, "variants": f.variants[:1] if first_two else f.variants[:2]})
-    fixed = {**spec.fixed, **TRAIN, **(IMAGES if spec.workflow == "images" else HEP)}
+    small = {**TRAIN, **(IMAGES if spec.workflow == "images" else HEP)}
+    # a variant's own step budget or batch would undo the tiny size: the tiny values win
+    kept = [v.model_copy(update={"set": {k: x for k, x in v.set.items() if k not in small}})
+            for v in (f.variants[:1] if first_two else f.variants[:2])]
+    factors = f.model_copy(update={"grid": grid, "variants": kept})
+    fixed = {**spec.fixed, **small}
     return spec.model_copy(update={"factors": factors, "fixed": fixed, "seeds": spec.seed_list()[:1], "tiny": False,
                                  "records": None, "parallel_runs": 1})   # two runs of seconds: no pool to start

@@ -1,0 +1,437 @@
+"""Steps to a result against the batch size (Shallue et al. 2018, as Bonet, Wang & Tang's "Module 1
+Discussion" presents it): the analysis of the ``steps_to_result_*`` studies' run records.
+
+A study runs SGD at global batches B = 16 ... 8,192 with a grid of learning rates (and momenta) per
+batch, one run per setting, each with a step budget and a validation every ``budget / 100`` steps.
+From the records (:mod:`.records`):
+
+* **Steps to a target** (:func:`steps_to_target`): the step of the first validation whose error
+  (1 - accuracy) is at or below the target; None when the run never reaches it in its budget.
+* **The best setting per batch** (:func:`best_per_batch`): per family (plain SGD: momentum 0;
+  momentum: any momentum > 0, the momentum tuned with the rate) and batch, the setting of the grid
+  with the fewest steps to the target (the mean over its seeds; a setting counts only where every
+  seed that ran reached the target), with its rate and momentum. A batch where no setting reaches
+  the target has no point.
+* **Normalised** (:func:`normalised`): steps / steps at the smallest batch with a point, as in the
+  slides' plots ("Steps / (Steps at B=16)").
+* **The regimes, by rule** (:func:`regimes`): each doubling of the batch between two measured
+  points has a local slope ``s = log2(steps(2B) / steps(B))`` (-1: steps halve). A doubling is
+  *perfect scaling* when ``s <= PERFECT_SLOPE`` (-0.85: the steps fall at least 2^0.85 = 1.80-fold),
+  *no benefit* when ``s >= FLAT_SLOPE`` (-0.15: they fall at most 2^0.15 = 1.11-fold, or rise), and
+  *diminishing returns* between. The perfect-scaling regime ends at the largest batch that every
+  doubling from the smallest batch up to it scales perfectly; the maximal-data-parallelism regime
+  starts at the smallest batch from which every further doubling is "no benefit" (a batch after
+  which the target is no longer reached counts as no benefit). The **maximum useful batch** is that
+  start; when the last doubling still helps, it is at least the largest batch measured (``ge``).
+* **Simple rules for the best rate** (:func:`rate_rules`): whether the best rate follows lr ∝ B
+  (Goyal's linear rule), lr ∝ sqrt(B) or a constant, anchored at the smallest batch, to within one
+  step of the rate grid at every batch up to the maximum useful batch.
+
+The verdicts on the source's claims follow from these by the rules stated in :func:`verdicts`.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import yaml
+
+from ..errors import BadInputError
+from .records import study_records
+
+#: local log-log slope at or below which a doubling of the batch is perfect scaling (steps fall >= 1.80x)
+PERFECT_SLOPE = -0.85
+#: local slope at or above which a doubling brings no benefit (steps fall <= 1.11x)
+FLAT_SLOPE = -0.15
+PERFECT, DIMINISHING, FLAT = "perfect scaling", "diminishing returns", "maximal data parallelism"
+
+
+def steps_to_target(curve: Iterable[dict], target_error: float) -> Optional[int]:
+    """The step of the first validation with error <= target_error, or None."""
+    vals = sorted((int(c["step"]), float(c["accuracy"])) for c in curve
+                  if c.get("split", "val") == "val" and c.get("accuracy") is not None)
+    for step, acc in vals:
+        if not math.isnan(acc) and 1.0 - acc <= target_error + 1e-12:
+            return step
+    return None
+
+
+def family(momentum: float) -> str:
+    return "sgd" if float(momentum) == 0.0 else "momentum"
+
+
+@dataclass
+class Point:
+    batch: int
+    steps: float       # mean over the setting's seeds
+    lr: float
+    momentum: float
+    runs: int          # settings of the grid that ran at this batch and family
+    reached: int       # of them, those that reached the target in every seed that ran
+    seeds: int = 1     # seeds of the best setting
+
+
+def _cfg(rec: dict, key: str, default=None):
+    """A dotted key of a record's run config (records hold the resolved config)."""
+    node = rec.get("config", {})
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def run_settings(rec: dict) -> tuple[int, float, float]:
+    """(global batch, rate, momentum) of a run record."""
+    train = rec.get("config", {}).get("train", rec.get("config", {}))
+    return int(train["batch_size"]), float(train["lr"]), float(train.get("momentum", 0.0))
+
+
+def best_per_batch(records: Iterable[dict], target_error: float) -> dict[str, dict[int, Point]]:
+    """family -> batch -> the best point: over the grid's settings (rate, momentum) that reached the
+    target in every seed that ran, the one with the fewest steps (mean over its seeds)."""
+    settings: dict[tuple[int, float, float], list[Optional[int]]] = {}
+    for rec in records:
+        if _cfg(rec, "train.warmup_epochs", 0) or _cfg(rec, "train.lr_scaling", "none") != "none":
+            continue  # the linear-scaling runs are not part of the tuned curve
+        settings.setdefault(run_settings(rec), []).append(steps_to_target(rec.get("curve", []), target_error))
+    out: dict[str, dict[int, Point]] = {}
+    counts: dict[tuple[str, int], list[int]] = {}
+    for (b, lr, mom), steps in sorted(settings.items()):
+        fam = family(mom)
+        c = counts.setdefault((fam, b), [0, 0])
+        c[0] += 1
+        if any(x is None for x in steps):
+            continue
+        c[1] += 1
+        mean = sum(steps) / len(steps)
+        best = out.setdefault(fam, {}).get(b)
+        if best is None or mean < best.steps:
+            out[fam][b] = Point(b, mean, lr, mom, 0, 0, len(steps))
+    for fam, pts in out.items():
+        for b, p in pts.items():
+            p.runs, p.reached = counts[(fam, b)]
+    return out
+
+
+def normalised(points: dict[int, Point]) -> dict[int, float]:
+    """batch -> steps / steps at the smallest batch with a point."""
+    if not points:
+        return {}
+    b0 = min(points)
+    return {b: points[b].steps / points[b0].steps for b in sorted(points)}
+
+
+def classify(slope: float) -> str:
+    if slope <= PERFECT_SLOPE:
+        return PERFECT
+    if slope >= FLAT_SLOPE:
+        return FLAT
+    return DIMINISHING
+
+
+@dataclass
+class Regimes:
+    doublings: list[tuple[int, int, Optional[float], str]] = field(default_factory=list)  # (B, 2B, slope, class)
+    perfect_until: Optional[int] = None     # the perfect-scaling regime's largest batch (the smallest: no perfect doubling)
+    max_useful: Optional[int] = None        # start of the maximal data parallelism regime
+    max_useful_ge: bool = False             # True: no flat tail within the range; max_useful is a lower bound
+    ordered: bool = True                    # the classes run perfect -> diminishing -> maximal, never back
+
+
+def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
+    """The regimes of one curve by the module's rule. ``batches``: every batch the study ran (so a
+    batch that never reached the target is known)."""
+    bs = sorted(set(batches))
+    r = Regimes()
+    if not points:
+        return r
+    start = min(points)
+    bs = [b for b in bs if b >= start]
+    order = {PERFECT: 0, DIMINISHING: 1, FLAT: 2}
+    for lo, hi in zip(bs, bs[1:]):
+        if lo not in points:   # past a batch that never reached the target: no benefit either
+            r.doublings.append((lo, hi, None, FLAT))
+            continue
+        if hi not in points:
+            r.doublings.append((lo, hi, None, FLAT))
+            continue
+        s = math.log2(points[hi].steps / points[lo].steps) / math.log2(hi / lo)
+        r.doublings.append((lo, hi, s, classify(s)))
+    r.perfect_until = start         # the smallest batch alone when the first doubling is not perfect
+    for lo, hi, _, cls in r.doublings:
+        if cls != PERFECT:
+            break
+        r.perfect_until = hi
+    tail = len(r.doublings)
+    while tail > 0 and r.doublings[tail - 1][3] == FLAT:
+        tail -= 1
+    if tail == len(r.doublings):
+        r.max_useful, r.max_useful_ge = max(points), True
+    else:
+        r.max_useful = r.doublings[tail][0]
+    ranks = [order[d[3]] for d in r.doublings]
+    r.ordered = all(a <= b for a, b in zip(ranks, ranks[1:]))
+    return r
+
+
+def rate_rules(points: dict[int, Point], grid_step: float, until: Optional[int] = None) -> dict[str, bool]:
+    """rule -> whether the best rate follows it within one grid step (factor ``grid_step``) at every
+    batch up to ``until``, anchored at the smallest batch: linear (lr ∝ B), sqrt (lr ∝ sqrt B), constant."""
+    bs = sorted(b for b in points if until is None or b <= until)
+    if len(bs) < 2:
+        return {}
+    b0, lr0 = bs[0], points[bs[0]].lr
+    tol = math.log(grid_step) * 1.01
+    out = {}
+    for name, power in (("linear", 1.0), ("sqrt", 0.5), ("constant", 0.0)):
+        out[name] = all(abs(math.log(points[b].lr / (lr0 * (b / b0) ** power))) <= tol for b in bs)
+    return out
+
+
+def effective_rate(p: Point) -> float:
+    """lr / (1 - momentum): the rate a momentum run takes in the long run (Shallue et al. Section 4.6)."""
+    return p.lr / (1.0 - p.momentum)
+
+
+@dataclass
+class Curve:
+    workload: str
+    target: float
+    family: str
+    points: dict[int, Point]
+    regimes: Regimes
+
+
+def curves(workload: str, records: list[dict], targets: Iterable[float]) -> list[Curve]:
+    """Every (target, family) curve of one workload's records."""
+    batches = sorted({run_settings(r)[0] for r in records})
+    out = []
+    for t in targets:
+        best = best_per_batch(records, t)
+        for fam in ("sgd", "momentum"):
+            pts = best.get(fam, {})
+            out.append(Curve(workload, t, fam, pts, regimes(pts, batches)))
+    return out
+
+
+def _workload_curves(cs: list[Curve]) -> dict[str, list[Curve]]:
+    out: dict[str, list[Curve]] = {}
+    for c in cs:
+        out.setdefault(c.workload, []).append(c)
+    return out
+
+
+def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
+    """(claim, verdict, why) for each of the source's claims, by these rules:
+
+    * three regimes "in a similar way across problems": agrees when every curve of at least two
+      workloads has its classes in order (perfect -> diminishing -> maximal) with a perfect doubling
+      first and a flat tail; disagrees when a curve's classes go back (e.g. perfect after no
+      benefit); otherwise not resolvable (a regime outside 16 ... 8,192, or one workload only).
+    * the maximum useful batch varies between workloads: with two or more workloads, agrees when the
+      momentum curves' maximum useful batches at the harder target differ by 4x or more (two
+      doublings), disagrees when they are within 2x and none is a lower bound; else not resolvable.
+    * momentum extends perfect scaling: per workload and target, the momentum curve's
+      perfect-scaling end against plain SGD's; agrees when it is larger in every pair, disagrees when
+      it is smaller in any pair and larger in none; not resolvable otherwise (equal on a factor-2 grid).
+    * the best rate follows no simple rule: per curve, :func:`rate_rules` on the rate (plain SGD) or
+      the effective rate lr / (1 - momentum) up to the maximum useful batch; agrees when no rule holds
+      on any curve, disagrees when one rule holds on every curve, partly otherwise.
+    """
+    out = []
+    measured = [c for c in cs if len(c.points) >= 2]
+    by_w = _workload_curves(measured)
+    back = [c for c in measured if not c.regimes.ordered]
+    complete = [c for c in measured if c.regimes.ordered and c.regimes.perfect_until != min(c.points)
+                and not c.regimes.max_useful_ge]
+    if back:
+        c = back[0]
+        out.append(("three regimes", "disagrees",
+                    f"{c.workload} {c.family} at error {c.target}: the regimes go back along the batch"))
+    elif len(by_w) >= 2 and len(complete) == len(measured):
+        out.append(("three regimes", "agrees", f"every curve of {len(by_w)} workloads shows them in order"))
+    else:
+        missing = [c for c in measured if c not in complete]
+        why = (f"{len(missing)} of {len(measured)} curves lack a regime within the batches run"
+               if missing else "in order on every curve")
+        out.append(("three regimes", "not resolvable",
+                    why + ("" if len(by_w) >= 2 else f"; {len(by_w)} workload(s) measured, the claim is across problems")))
+
+    mu = {}
+    for w, wc in by_w.items():
+        hard = [c for c in wc if c.family == "momentum"]
+        if hard:
+            c = min(hard, key=lambda c: c.target)
+            mu[w] = (c.regimes.max_useful, c.regimes.max_useful_ge)
+    if len(mu) < 2:
+        out.append(("maximum useful batch varies", "not resolvable", f"{len(mu)} workload(s) measured"))
+    else:
+        vals = [v for v, _ in mu.values()]
+        ratio = max(vals) / min(vals)
+        lower = any(ge for _, ge in mu.values())
+        shown = ", ".join(f"{w} {'>=' if ge else ''}{v}" for w, (v, ge) in mu.items())
+        if ratio >= 4 and not (lower and max(vals) == max(v for v, ge in mu.values() if ge)):
+            out.append(("maximum useful batch varies", "agrees", shown))
+        elif ratio <= 2 and not lower:
+            out.append(("maximum useful batch varies", "disagrees", shown))
+        else:
+            out.append(("maximum useful batch varies", "not resolvable", shown))
+
+    pairs = []
+    for w, wc in by_w.items():
+        for t in sorted({c.target for c in wc}):
+            f = {c.family: c for c in wc if c.target == t}
+            if "sgd" in f and "momentum" in f:
+                pairs.append((w, t, f["sgd"].regimes.perfect_until, f["momentum"].regimes.perfect_until))
+    shown = "; ".join(f"{w} error {t}: SGD to {s}, momentum to {m}" for w, t, s, m in pairs)
+    if not pairs:
+        out.append(("momentum extends perfect scaling", "not resolvable", "no pair of curves measured"))
+    elif all(m > s for _, _, s, m in pairs):
+        out.append(("momentum extends perfect scaling", "agrees", shown))
+    elif any(m < s for _, _, s, m in pairs) and not any(m > s for _, _, s, m in pairs):
+        out.append(("momentum extends perfect scaling", "disagrees", shown))
+    else:
+        out.append(("momentum extends perfect scaling", "not resolvable", shown))
+
+    held = []
+    for c in measured:
+        pts = {b: Point(b, p.steps, effective_rate(p), 0.0, p.runs, p.reached) for b, p in c.points.items()}
+        rules = rate_rules(pts, grid_step, c.regimes.max_useful)
+        held.append((c, [k for k, v in rules.items() if v]))
+    shown = "; ".join(f"{c.workload} {c.family} error {c.target}: {', '.join(r) or 'none'}" for c, r in held)
+    if not held:
+        out.append(("no simple rule for the best rate", "not resolvable", "no curve measured"))
+    elif not any(r for _, r in held):
+        out.append(("no simple rule for the best rate", "agrees", shown))
+    elif all(r for _, r in held) and set.intersection(*(set(r) for _, r in held)):
+        out.append(("no simple rule for the best rate", "disagrees", shown))
+    else:
+        out.append(("no simple rule for the best rate", "partly", shown))
+    return out
+
+
+def _fmt_lr(v: float) -> str:
+    return f"{v:g}"
+
+
+def render(workload: str, records: list[dict], targets: list[float], grid_step: float) -> str:
+    """The markdown of one workload: per target, the steps table and the regimes, then the verdicts."""
+    cs = curves(workload, records, targets)
+    lines = []
+    batches = sorted({run_settings(r)[0] for r in records})
+    for t in targets:
+        sub = {c.family: c for c in cs if c.target == t}
+        lines += [f"Steps to validation error {t:g} ({workload}; {len(records)} runs; the best setting per batch; "
+                  "/ B_min: steps over the steps at the smallest batch with a point):", "",
+                  "| B | SGD steps | SGD / B_min | SGD lr | momentum steps | momentum / B_min | lr, momentum |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        norm = {f: normalised(c.points) for f, c in sub.items()}
+        for b in batches:
+            row = [str(b)]
+            for f in ("sgd", "momentum"):
+                p = sub[f].points.get(b)
+                if p is None:
+                    ran = sum(1 for r in records if run_settings(r)[0] == b and family(run_settings(r)[2]) == f)
+                    row += ["not reached" if ran else "not run", "", ""]
+                else:
+                    row += [f"{p.steps:.4g}" + (f" (n = {p.seeds})" if p.seeds > 1 else ""), f"{norm[f][b]:.3g}",
+                            _fmt_lr(p.lr) if f == "sgd" else f"{_fmt_lr(p.lr)}, {p.momentum:g}"]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+        if not records:
+            lines.append("No run recorded yet.")
+        for f in ("sgd", "momentum"):
+            r = sub[f].regimes
+            if not sub[f].points:
+                continue
+            if len(sub[f].points) < 2:
+                lines.append(f"- {f}: one batch with a point; no doubling to classify yet")
+                continue
+            ge = ">= " if r.max_useful_ge else ""
+            lines.append(f"- {f}: perfect scaling up to B = {r.perfect_until}; maximum useful batch {ge}{r.max_useful}; "
+                         "doublings: " + ", ".join(
+                             f"{lo}->{hi} {'n/a' if s is None else f'{s:+.2f}'}" for lo, hi, s, _ in r.doublings))
+        lines.append("")
+    return "\n".join(lines)
+
+
+# --- the page: docs/results.md regions <!-- results-steps: <study> <study> ... --> ------------------
+
+#: a region of the results page that holds the steps-to-result section of the studies it names
+REGION = re.compile(r"(<!-- results-steps: ([A-Za-z0-9_.\- ]+) -->\n)(.*?)(<!-- /results-steps -->)", re.S)
+#: per study, next to its records: {workload: <label>, targets: [errors], grid_step: <rate grid factor>}
+SPEC = "steps.yaml"
+
+
+def load(study: str, root: Path) -> tuple[str, list[float], float, list[dict]]:
+    """(workload label, target errors, rate grid step, records) of one study's records folder."""
+    path = root / study / SPEC
+    if not path.is_file():
+        raise BadInputError(f"{path}: not found (the steps-to-result study's workload and targets)")
+    spec = yaml.safe_load(path.read_text()) or {}
+    try:
+        label, targets, step = str(spec["workload"]), [float(t) for t in spec["targets"]], float(spec["grid_step"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInputError(f"{path}: needs workload, targets (a list of errors) and grid_step ({e})") from None
+    return label, targets, step, study_records(root / study)
+
+
+def figure_data(studies: list[str], root: Path) -> dict:
+    lines = []
+    for study in studies:
+        label, targets, _, records = load(study, root)
+        for c in curves(label, records, targets):
+            n = normalised(c.points)
+            lines.append({"label": f"{label}, {c.family}, error {c.target:g}",
+                          "batches": sorted(n), "normalised": [n[b] for b in sorted(n)]})
+    return {"title": "steps to a target validation error against the batch (best setting per batch)",
+            "lines": lines}
+
+
+def figure_path(page: Path, studies: list[str]) -> Path:
+    return page.parent / "figures" / f"results_{studies[0]}.png"
+
+
+def section(studies: list[str], root: Path, page: Path) -> str:
+    parts, cs, step = [], [], None
+    for study in studies:
+        label, targets, step, records = load(study, root)
+        cs += curves(label, records, targets)
+        parts.append(f"**{label}** (`{study}`)\n\n" + render(label, records, targets, step))
+    rows = ["| claim (Bonet, Wang & Tang) | verdict | by the rule in `pipeline/studies/steps_to_result.py` |",
+            "| --- | --- | --- |"]
+    rows += [f"| {c} | {v} | {why} |" for c, v, why in verdicts(cs, step or 3.16)]
+    rows.append("| linear scaling with gradual warm-up (Goyal: 8k 23.74 ± 0.09 against 24.84 ± 0.37 without) | "
+                "not run | the warm-up runs at B >= 1,024 follow the tuned curve |")
+    fig = figure_path(page, studies).relative_to(page.parent).as_posix()
+    return ("\n".join(parts) + "\n" + "\n".join(rows) + "\n\n"
+            f"![steps to the target against the batch, log-log, normalised by the smallest batch]({fig})\n")
+
+
+def regenerate(text: str, root: Path, page: Path) -> str:
+    """``text`` with every results-steps region rewritten from the records."""
+    return REGION.sub(lambda m: m.group(1) + section(m.group(2).split(), root, page) + m.group(4), text)
+
+
+def stale_figures(text: str, root: Path, page: Path) -> list[tuple[Path, dict]]:
+    """The figures of the page's results-steps regions whose PNG does not show the records' data."""
+    from ..report.results_figures import digest, stored_digest
+
+    out = []
+    for m in REGION.finditer(text):
+        studies = m.group(2).split()
+        data = figure_data(studies, root)
+        path = figure_path(page, studies)
+        if stored_digest(path) != digest(data):
+            out.append((path, data))
+    return out
+
+
+def write_figures(stale: list[tuple[Path, dict]]) -> list[str]:
+    from ..report.steps_figure import draw
+
+    return [str(draw(data, path)) for path, data in stale]

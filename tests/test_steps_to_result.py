@@ -1,0 +1,190 @@
+"""The steps-to-result analysis (pipeline/studies/steps_to_result.py) on hand-built run records:
+steps to a target, the best setting per batch, the normalisation, the regime rule and the verdicts."""
+import math
+
+import pytest
+
+from pipeline.studies import steps_to_result as s2r
+
+
+def rec(batch, lr, momentum, accs, every=10, **train):
+    """A run record whose validation accuracy is accs[i] at step (i + 1) * every."""
+    return {"config": {"train": {"batch_size": batch, "lr": lr, "momentum": momentum, "lr_scaling": "none",
+                                 "warmup_epochs": 0, **train}},
+            "curve": [{"split": "val", "step": (i + 1) * every, "accuracy": a} for i, a in enumerate(accs)]
+            + [{"split": "test", "step": len(accs) * every, "accuracy": 0.99}]}
+
+
+def test_steps_to_target_is_the_first_validation_at_or_below_the_error():
+    r = rec(16, 0.1, 0.0, [0.5, 0.85, 0.93, 0.88, 0.95])
+    assert s2r.steps_to_target(r["curve"], 0.10) == 30      # 0.93 is the first >= 0.90
+    assert s2r.steps_to_target(r["curve"], 0.15) == 20      # exactly at the target counts
+    assert s2r.steps_to_target(r["curve"], 0.05) == 50
+    assert s2r.steps_to_target(r["curve"], 0.01) is None    # the test split's 0.99 is not a validation
+
+
+def test_best_per_batch_takes_the_fewest_steps_over_the_grid_per_family():
+    recs = [rec(16, 0.1, 0.0, [0.5, 0.95]), rec(16, 0.3, 0.0, [0.95]), rec(16, 1.0, 0.0, [0.3, 0.3]),
+            rec(16, 0.1, 0.9, [0.5, 0.5, 0.95]), rec(16, 0.03, 0.99, [0.2, 0.95]),
+            rec(32, 0.1, 0.0, [0.2, 0.2])]
+    best = s2r.best_per_batch(recs, 0.10)
+    assert (best["sgd"][16].steps, best["sgd"][16].lr) == (10, 0.3)
+    assert (best["sgd"][16].runs, best["sgd"][16].reached) == (3, 2)
+    assert (best["momentum"][16].steps, best["momentum"][16].momentum) == (20, 0.99)
+    assert 32 not in best["sgd"]                               # no setting reached it at B = 32
+
+
+def test_a_setting_is_the_mean_over_its_seeds_and_counts_only_where_every_seed_reached():
+    recs = [rec(16, 0.1, 0.0, [0.5, 0.95]), rec(16, 0.1, 0.0, [0.5, 0.5, 0.5, 0.95]),   # 20 and 40: mean 30
+            rec(16, 0.3, 0.0, [0.95]), rec(16, 0.3, 0.0, [0.3, 0.3, 0.3, 0.3, 0.3])]   # one seed never reached
+    p = s2r.best_per_batch(recs, 0.10)["sgd"][16]
+    assert (p.steps, p.lr, p.seeds, p.runs, p.reached) == (30, 0.1, 2, 2, 1)
+
+
+def test_linear_scaling_runs_are_not_part_of_the_tuned_curve():
+    recs = [rec(16, 0.1, 0.9, [0.5, 0.95]), rec(16, 0.1, 0.9, [0.95], warmup_epochs=5, lr_scaling="linear")]
+    assert s2r.best_per_batch(recs, 0.10)["momentum"][16].steps == 20
+
+
+def pts(steps_by_batch):
+    return {b: s2r.Point(b, s, 0.1, 0.0, 1, 1) for b, s in steps_by_batch.items()}
+
+
+def test_normalised_divides_by_the_smallest_batch():
+    n = s2r.normalised(pts({16: 1000, 32: 500, 64: 300}))
+    assert n == {16: 1.0, 32: 0.5, 64: 0.3}
+    assert s2r.normalised(pts({32: 400, 64: 100})) == {32: 1.0, 64: 0.25}
+
+
+def test_regimes_perfect_then_diminishing_then_flat():
+    # halving twice (slope -1), then -0.58 (diminishing), then about -0.07 and 0 (no benefit)
+    p = pts({16: 4000, 32: 2000, 64: 1000, 128: 670, 256: 640, 512: 640})
+    r = s2r.regimes(p, p)
+    assert [d[3] for d in r.doublings] == [s2r.PERFECT, s2r.PERFECT, s2r.DIMINISHING, s2r.FLAT, s2r.FLAT]
+    assert r.perfect_until == 64 and r.max_useful == 128 and not r.max_useful_ge and r.ordered
+    assert r.doublings[2][2] == pytest.approx(math.log2(670 / 1000))
+
+
+def test_regimes_thresholds_are_the_stated_slopes():
+    # 2^0.85 = 1.802 and 2^0.15 = 1.110: a fall of 1.81x is perfect, 1.79x is not; 1.12x is diminishing,
+    # 1.10x is no benefit
+    assert s2r.classify(math.log2(1 / 1.81)) == s2r.PERFECT
+    assert s2r.classify(math.log2(1 / 1.79)) == s2r.DIMINISHING
+    assert s2r.classify(math.log2(1 / 1.12)) == s2r.DIMINISHING
+    assert s2r.classify(math.log2(1 / 1.10)) == s2r.FLAT
+
+
+def test_a_batch_that_never_reaches_the_target_ends_the_useful_range():
+    p = pts({16: 800, 32: 400, 64: 200})
+    r = s2r.regimes(p, [16, 32, 64, 128, 256])     # 128 and 256 ran but never reached the target
+    assert r.max_useful == 64 and not r.max_useful_ge and r.perfect_until == 64
+
+
+def test_a_curve_still_falling_at_the_largest_batch_gives_a_lower_bound():
+    p = pts({16: 800, 32: 400, 64: 300})
+    r = s2r.regimes(p, p)
+    assert (r.max_useful, r.max_useful_ge, r.perfect_until) == (64, True, 32)
+
+
+def test_regimes_that_go_back_are_not_ordered():
+    p = pts({16: 800, 32: 780, 64: 390})           # no benefit, then perfect again
+    assert not s2r.regimes(p, p).ordered
+
+
+def test_rate_rules_within_one_grid_step():
+    # over 16 ... 1024 the rules part by more than one step: sqrt(64) = 8 > 3.16
+    lin = {b: s2r.Point(b, 10, 0.01 * b / 16, 0.0, 1, 1) for b in (16, 32, 64, 128, 256, 512, 1024)}
+    assert s2r.rate_rules(lin, 3.16) == {"linear": True, "sqrt": False, "constant": False}
+    flat = {b: s2r.Point(b, 10, lr, 0.0, 1, 1) for b, lr in ((16, 0.1), (32, 0.3), (64, 0.1), (128, 0.1))}
+    assert s2r.rate_rules(flat, 3.16)["constant"] is True
+    assert s2r.rate_rules(flat, 3.16)["linear"] is False
+
+
+def curve_recs(steps_sgd, steps_mom, every=1):
+    """Records whose best runs reach accuracy 0.95 at exactly the given steps."""
+    out = []
+    for mom, steps in ((0.0, steps_sgd), (0.9, steps_mom)):
+        for b, s in steps.items():
+            out.append(rec(b, 0.1 * b / 16, mom, [0.5] * (s - 1) + [0.95], every=every))
+    return out
+
+
+def test_verdicts_momentum_extends_perfect_scaling_and_one_workload_is_not_enough():
+    sgd = {16: 64, 32: 32, 64: 30, 128: 30}
+    mom = {16: 64, 32: 32, 64: 16, 128: 15}
+    cs = s2r.curves("W", curve_recs(sgd, mom), [0.10])
+    v = {claim: verdict for claim, verdict, _ in s2r.verdicts(cs, 3.16)}
+    assert v["momentum extends perfect scaling"] == "agrees"
+    assert v["three regimes"] == "not resolvable"           # one workload; the claim is across problems
+    assert v["maximum useful batch varies"] == "not resolvable"
+    assert v["no simple rule for the best rate"] == "disagrees"  # every best rate is linear in B here
+
+
+def test_verdicts_across_two_workloads():
+    a = s2r.curves("A", curve_recs({16: 64, 32: 32, 64: 20, 128: 19}, {16: 64, 32: 32, 64: 16, 128: 15}), [0.1])
+    b = s2r.curves("B", curve_recs({16: 64, 32: 32, 64: 16, 128: 8, 256: 4, 512: 3, 1024: 3},
+                                   {16: 64, 32: 32, 64: 16, 128: 8, 256: 4, 512: 2, 1024: 2}), [0.1])
+    v = {claim: verdict for claim, verdict, _ in s2r.verdicts(a + b, 3.16)}
+    assert v["three regimes"] == "agrees"
+    assert v["maximum useful batch varies"] == "agrees"          # 64 against 512
+    same = s2r.verdicts(a + s2r.curves("C", curve_recs({16: 64, 32: 32, 64: 20, 128: 19},
+                                                       {16: 64, 32: 32, 64: 16, 128: 15}), [0.1]), 3.16)
+    assert dict((c, v) for c, v, _ in same)["maximum useful batch varies"] == "disagrees"
+
+
+def write_study(root, study, records, targets=(0.10,)):
+    import json
+
+    (root / study).mkdir(parents=True)
+    (root / study / "steps.yaml").write_text(f"workload: W\ntargets: {list(targets)}\ngrid_step: 3.16\n")
+    for i, r in enumerate(records):
+        d = root / study / f"cell{i}"
+        d.mkdir()
+        (d / "seed_0.json").write_text(json.dumps({"format": 2, "metrics": {}, **r}))
+
+
+def test_the_page_region_and_its_figure_come_from_the_records(tmp_path):
+    root = tmp_path / "results"
+    write_study(root, "s2r", curve_recs({16: 64, 32: 32, 64: 30}, {16: 64, 32: 40, 64: 16}))
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    text = "intro\n<!-- results-steps: s2r -->\nold\n<!-- /results-steps -->\nend\n"
+    new = s2r.regenerate(text, root, page)
+    assert "old" not in new and new.startswith("intro\n") and new.endswith("<!-- /results-steps -->\nend\n")
+    assert "| 64 | 30 | 0.469 | 0.4 | 16 | 0.25 | 0.4, 0.9 |" in new
+    assert "| momentum extends perfect scaling | disagrees | W error 0.1: SGD to 32, momentum to 16 |" in new
+    assert "| three regimes | disagrees | W momentum at error 0.1: the regimes go back along the batch |" in new
+    stale = s2r.stale_figures(new, root, page)
+    assert [p.name for p, _ in stale] == ["results_s2r.png"]
+    s2r.write_figures(stale)
+    assert s2r.stale_figures(new, root, page) == []
+    write_study(root, "other", [])                    # a record changes: the figure is stale again
+    (root / "s2r" / "cell0" / "seed_0.json").unlink()
+    assert len(s2r.stale_figures(new, root, page)) == 1
+
+
+def test_a_study_without_its_steps_file_is_one_line(tmp_path):
+    from pipeline.errors import BadInputError
+
+    (tmp_path / "s2r").mkdir()
+    with pytest.raises(BadInputError, match=r"s2r/steps.yaml: not found"):
+        s2r.load("s2r", tmp_path)
+
+
+def test_the_tiny_size_overrides_a_variants_step_budget():
+    """The shipped steps-to-result studies set a step budget per batch in their variants; at the tiny
+    size (tests/test_studies.py runs every shipped study so) the tiny budget must win."""
+    from pathlib import Path
+
+    from pipeline.config import load_config
+    from pipeline.studies import tiny
+    from pipeline.studies.grid import plan_study
+    from pipeline.studies.spec import StudyConfig
+
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("steps_to_result_lenet", "steps_to_result_hlf"):
+        spec = tiny.shrink(load_config(StudyConfig, repo / "configs" / "experiments" / f"{name}.yaml"))
+        plan = plan_study(spec)
+        assert len(plan.cells) == 2
+        for (_, _), cfg in plan.configs.items():
+            assert (cfg.train.max_steps, cfg.train.eval_every) == (4, 2)
