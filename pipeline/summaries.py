@@ -92,6 +92,15 @@ def train(cfg, r: dict, seconds: float) -> str:
             f"[{_out(cfg.output, 'summary.json')}]")
 
 
+def whatif(cfg, r: dict, seconds: float) -> str:
+    reached = [x for x in r["rows"] if x["reached"]]
+    best = min(reached, key=lambda x: (x["time_to_target_s"], x["workers"])) if reached else None
+    return (f"{len(r['rows'])} runs on {r['cluster']}; "
+            + (f"fastest to {r['target']:g}: {best['algorithm']} on {best['workers']} workers "
+               f"({best['time_to_target_s']:.4g} virtual s)" if best else f"none reached {r['target']:g}")
+            + f" in {seconds:.0f} s [{_out(r['output'], 'table.csv')}]")
+
+
 def report(cfg, r: dict, seconds: float) -> str:
     return f"learning curves of {r['runs']} run(s) in {seconds:.0f} s -> {r['output']}"
 

@@ -11,7 +11,9 @@ One JSON object per line in ``<output>/metrics.jsonl``::
 (all workers); ``comm_fraction``, ``bytes_sent`` (payload handed to the communicator,
 cumulative, this worker) and ``wire_bytes_written`` (bytes this worker process wrote through
 system calls, from /proc/self/io: the measured traffic) are rank 0's. Rates of a ``val``
-record cover the steps since the previous record; the final ``test`` record's cover the run.
+record cover the steps since the previous record; the final ``test`` record's cover the run. Under
+the simulated clock (launcher ``inprocess``) a record also carries ``virtual_s``, the run's virtual
+time when it was taken (time to a target: ``pipeline.studies.whatif``).
 """
 from __future__ import annotations
 

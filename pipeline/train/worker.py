@@ -108,6 +108,11 @@ class Meter:
                "bytes_sent": sent, "bytes_sent_per_step": sent / max(step, 1),
                "wire_bytes_written": (wire - self.wire0) if wire is not None and self.wire0 is not None else None,
                "consensus_distance": res.get("consensus_distance")}
+        from .comm.simcore import current
+
+        sim = current()
+        if sim is not None:     # under the simulated clock: the virtual time of the record (time to a target)
+            rec["virtual_s"] = round(sim.now, 6)
         self.interval = self._mark(step, self.train_s)
         return rec
 
