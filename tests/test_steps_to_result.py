@@ -188,3 +188,22 @@ def test_the_tiny_size_overrides_a_variants_step_budget():
         assert len(plan.cells) == 2
         for (_, _), cfg in plan.configs.items():
             assert (cfg.train.max_steps, cfg.train.eval_every) == (4, 2)
+
+
+def test_the_results_command_writes_the_steps_region_and_its_figure(tmp_path):
+    """jobs.results_tables (pipeline/studies/tables.py) regenerates results-steps regions and draws
+    their figures with the page's tables; check mode fails until then."""
+    from pipeline.errors import PipelineError
+    from pipeline.studies import tables
+
+    root = tmp_path / "results"
+    write_study(root, "s2r", curve_recs({16: 64, 32: 32}, {16: 64, 32: 32}))
+    page = tmp_path / "results.md"
+    page.write_text("<!-- results-steps: s2r -->\n<!-- /results-steps -->\n")
+    cfg = dict(page=str(page), results=str(root))
+    with pytest.raises(PipelineError, match="out of date"):
+        tables.results_tables(tables.ResultsTablesConfig(check=True, **cfg))
+    out = tables.results_tables(tables.ResultsTablesConfig(**cfg))
+    assert out["figures"] == [str(tmp_path / "figures" / "results_s2r.png")]
+    assert "| 32 | 32 | 0.5 | 0.2 | 32 | 0.5 | 0.2, 0.9 |" in page.read_text()
+    assert not tables.results_tables(tables.ResultsTablesConfig(check=True, **cfg))["rewritten"]

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from .grid import REPO, _same
+from . import steps_to_result
 from .records import study_records
 from .verdicts import VerdictSpec, judge, render_verdict
 
@@ -384,7 +385,7 @@ def regenerate(page: Path = PAGE, root: Path = RESULTS) -> tuple[str, list[str]]
                     f"± one standard deviation over the seeds; stars: the source's values]({fig})\n" + m.group(5))
         return m.group(1) + render_verdict_region(study, root) + m.group(5)
 
-    return REGION.sub(sub, text), studies
+    return steps_to_result.regenerate(REGION.sub(sub, text), root, page), studies  # + results-steps regions
 
 
 def stale_figures(page: Path, root: Path, studies: list[str]) -> list[tuple[Path, dict]]:
@@ -397,13 +398,14 @@ def stale_figures(page: Path, root: Path, studies: list[str]) -> list[tuple[Path
         path = figure_path(page, study)
         if stored_digest(path) != digest(data):
             out.append((path, data))
-    return out
+    return out + steps_to_result.stale_figures(page.read_text(), root, page)
 
 
 def write_figures(stale: list[tuple[Path, dict]]) -> list[str]:
     from ..report.results_figures import draw
 
-    return [str(draw(data, path)) for path, data in stale]
+    return [str(draw(data, path)) if "panels" in data else steps_to_result.write_figures([(path, data)])[0]
+            for path, data in stale]
 
 
 class ResultsTablesConfig(StageConfig):
