@@ -207,3 +207,11 @@ def test_the_results_command_writes_the_steps_region_and_its_figure(tmp_path):
     assert out["figures"] == [str(tmp_path / "figures" / "results_s2r.png")]
     assert "| 32 | 32 | 0.5 | 0.2 | 32 | 0.5 | 0.2, 0.9 |" in page.read_text()
     assert not tables.results_tables(tables.ResultsTablesConfig(check=True, **cfg))["rewritten"]
+
+
+def test_the_section_names_each_doublings_slope_and_class():
+    recs = curve_recs({16: 64, 32: 32, 64: 30}, {16: 64, 32: 32, 64: 16})
+    text = s2r.render("W", recs, [0.10], 3.16)
+    assert "- sgd: perfect scaling up to B = 32; maximum useful batch 32; " in text
+    assert "16->32 -1.00 (perfect), 32->64 -0.09 (no benefit)" in text
+    assert "- momentum: perfect scaling up to B = 64; maximum useful batch >= 64;" in text

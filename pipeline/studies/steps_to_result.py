@@ -314,6 +314,9 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
     return out
 
 
+_SHORT = {PERFECT: "perfect", DIMINISHING: "diminishing", FLAT: "no benefit"}
+
+
 def _fmt_lr(v: float) -> str:
     return f"{v:g}"
 
@@ -353,8 +356,9 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
                 continue
             ge = ">= " if r.max_useful_ge else ""
             lines.append(f"- {f}: perfect scaling up to B = {r.perfect_until}; maximum useful batch {ge}{r.max_useful}; "
-                         "doublings: " + ", ".join(
-                             f"{lo}->{hi} {'n/a' if s is None else f'{s:+.2f}'}" for lo, hi, s, _ in r.doublings))
+                         "doublings (local slope of log2 steps against log2 B): " + ", ".join(
+                             f"{lo}->{hi} {'not reached' if s is None else f'{s:+.2f}'} ({_SHORT[c]})"
+                             for lo, hi, s, c in r.doublings))
         lines.append("")
     return "\n".join(lines)
 
