@@ -304,6 +304,9 @@ SUMMARY_RUNS = {
                                  "--set", "train.launcher=local", "--set", "train.epochs=1", "--set", "train.batch_size=8",
                                  "--set", "train.progress=false", "--set", f"output_root={out}"],
                 ["120 generated events", "test accuracy", "ROC AUC qcd", "summary.json"]),
+    "whatif": (lambda rq, out: ["--train_config", str(_whatif_train_config(rq)), "--cluster", "gbe10",
+                                "--algorithms", "arsgd", "--workers", "1", "--target", "0.5", "--max_steps", "4",
+                                "--eval_every", "2", "--output", str(out)], ["1 runs on gbe10", "table.csv"]),
     "results_tables": (lambda rq, out: ["--set", f"page={_page_without_tables(out)}"],
                        ["0 tables generated from the run records", "up to date"]),
     "run_images": (lambda rq, out: ["--config", "configs/run_images.yaml", "--set", "ingest.source=sklearn_digits",
@@ -311,6 +314,14 @@ SUMMARY_RUNS = {
                                     "--set", "train.epochs=1", "--set", "train.progress=false",
                                     "--set", f"output_root={out}"], ["200 sklearn_digits images", "test accuracy"]),
 }
+
+
+def _whatif_train_config(rq) -> Path:
+    """LeNet-5 on the tiny digit shards: the training config of a what-if's small run."""
+    d = rq.getfixturevalue("tmp_path_factory").mktemp("whatif_train")
+    (d / "train.yaml").write_text(f"manifest: {rq.getfixturevalue('tiny_shards') / 'manifest.json'}\n"
+                                  f"output: {d / 'unused'}\nmodel: lenet5\nbatch_size: 8\n")
+    return d / "train.yaml"
 
 
 def _page_without_tables(out: Path) -> Path:

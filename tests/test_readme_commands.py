@@ -107,6 +107,8 @@ DRY_RUN = {
                                                                  "were added (tests/test_studies.py checks the page)",
     re.compile(r"^\.venv/bin/python -m jobs\.experiment --config configs/"): "a study: several trainings (minutes to hours)",
     re.compile(r"^\.venv/bin/python -m jobs\.tune --config configs/"): "a search: several trainings (minutes)",
+    re.compile(r"^\.venv/bin/python -m jobs\.whatif "): "a what-if: a training per algorithm and worker count (a minute "
+                                                      "or more; tests/test_whatif.py runs the command on small shards)",
     ".venv/bin/spark-submit jobs/simulate.py --config configs/simulate.yaml --set events=20000": "60,000 events",
     "bash scripts/lock_current.sh": "resolves the current environment against the package registry (about a "
                                     "minute) and rewrites the lock: its --check of the lock runs instead",
