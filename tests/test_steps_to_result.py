@@ -215,3 +215,10 @@ def test_the_section_names_each_doublings_slope_and_class():
     assert "- sgd: perfect scaling up to B = 32; maximum useful batch 32; " in text
     assert "16->32 -1.00 (perfect), 32->64 -0.09 (no benefit)" in text
     assert "- momentum: perfect scaling up to B = 64; maximum useful batch >= 64;" in text
+
+
+def test_a_batch_run_only_by_the_other_family_is_not_a_miss():
+    recs = curve_recs({16: 64, 32: 32}, {16: 64, 32: 32}) + [rec(64, 0.1, 0.0, [0.2, 0.2])]   # SGD missed at 64
+    cs = {c.family: c for c in s2r.curves("W", recs, [0.10])}
+    assert cs["sgd"].regimes.max_useful == 32 and not cs["sgd"].regimes.max_useful_ge
+    assert cs["momentum"].regimes.max_useful == 32 and cs["momentum"].regimes.max_useful_ge   # 64 not run

@@ -90,13 +90,18 @@ def run_settings(rec: dict) -> tuple[int, float, float]:
     return int(train["batch_size"]), float(train["lr"]), float(train.get("momentum", 0.0))
 
 
+def is_tuned(rec: dict) -> bool:
+    """A run of the tuning grid: the linear-scaling runs (a warm-up, or lr_scaling) are not on the curve."""
+    return not _cfg(rec, "train.warmup_epochs", 0) and _cfg(rec, "train.lr_scaling", "none") == "none"
+
+
 def best_per_batch(records: Iterable[dict], target_error: float) -> dict[str, dict[int, Point]]:
     """family -> batch -> the best point: over the grid's settings (rate, momentum) that reached the
     target in every seed that ran, the one with the fewest steps (mean over its seeds)."""
     settings: dict[tuple[int, float, float], list[Optional[int]]] = {}
     for rec in records:
-        if _cfg(rec, "train.warmup_epochs", 0) or _cfg(rec, "train.lr_scaling", "none") != "none":
-            continue  # the linear-scaling runs are not part of the tuned curve
+        if not is_tuned(rec):
+            continue
         settings.setdefault(run_settings(rec), []).append(steps_to_target(rec.get("curve", []), target_error))
     out: dict[str, dict[int, Point]] = {}
     counts: dict[tuple[str, int], list[int]] = {}
@@ -136,7 +141,7 @@ def classify(slope: float) -> str:
 @dataclass
 class Regimes:
     doublings: list[tuple[int, int, Optional[float], str]] = field(default_factory=list)  # (B, 2B, slope, class)
-    perfect_until: Optional[int] = None     # the perfect-scaling regime's largest batch (the smallest: no perfect doubling)
+    perfect_until: Optional[int] = None     # largest batch of perfect scaling (the smallest: no perfect doubling)
     max_useful: Optional[int] = None        # start of the maximal data parallelism regime
     max_useful_ge: bool = False             # True: no flat tail within the range; max_useful is a lower bound
     ordered: bool = True                    # the classes run perfect -> diminishing -> maximal, never back
@@ -208,13 +213,14 @@ class Curve:
 
 def curves(workload: str, records: list[dict], targets: Iterable[float]) -> list[Curve]:
     """Every (target, family) curve of one workload's records."""
-    batches = sorted({run_settings(r)[0] for r in records})
+    tuned = [r for r in records if is_tuned(r)]
     out = []
     for t in targets:
-        best = best_per_batch(records, t)
+        best = best_per_batch(tuned, t)
         for fam in ("sgd", "momentum"):
             pts = best.get(fam, {})
-            out.append(Curve(workload, t, fam, pts, regimes(pts, batches)))
+            ran = {run_settings(r)[0] for r in tuned if family(run_settings(r)[2]) == fam}  # this family's batches
+            out.append(Curve(workload, t, fam, pts, regimes(pts, ran)))
     return out
 
 
@@ -259,7 +265,8 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
         why = (f"{len(missing)} of {len(measured)} curves lack a regime within the batches run"
                if missing else "in order on every curve")
         out.append(("three regimes", "not resolvable",
-                    why + ("" if len(by_w) >= 2 else f"; {len(by_w)} workload(s) measured, the claim is across problems")))
+                    why + ("" if len(by_w) >= 2
+                           else f"; {len(by_w)} workload(s) measured, the claim is across problems")))
 
     mu = {}
     for w, wc in by_w.items():
@@ -355,7 +362,8 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
                 lines.append(f"- {f}: one batch with a point; no doubling to classify yet")
                 continue
             ge = ">= " if r.max_useful_ge else ""
-            lines.append(f"- {f}: perfect scaling up to B = {r.perfect_until}; maximum useful batch {ge}{r.max_useful}; "
+            lines.append(f"- {f}: perfect scaling up to B = {r.perfect_until}; "
+                         f"maximum useful batch {ge}{r.max_useful}; "
                          "doublings (local slope of log2 steps against log2 B): " + ", ".join(
                              f"{lo}->{hi} {'not reached' if s is None else f'{s:+.2f}'} ({_SHORT[c]})"
                              for lo, hi, s, c in r.doublings))
