@@ -222,3 +222,10 @@ def test_a_batch_run_only_by_the_other_family_is_not_a_miss():
     cs = {c.family: c for c in s2r.curves("W", recs, [0.10])}
     assert cs["sgd"].regimes.max_useful == 32 and not cs["sgd"].regimes.max_useful_ge
     assert cs["momentum"].regimes.max_useful == 32 and cs["momentum"].regimes.max_useful_ge   # 64 not run
+
+
+def test_a_batch_without_a_point_says_how_many_settings_ran():
+    recs = [rec(16, 0.1, 0.0, [0.95]), rec(32, 0.1, 0.0, [0.2]), rec(32, 0.3, 0.0, [0.2])]
+    text = s2r.render("W", recs, [0.10], 3.16)
+    assert "| 32 | not reached (2 settings run) |  |  | not run |  |  |" in text
+    assert "| 16 | 10 | 1 | 0.1 | not run |  |  |" in text

@@ -345,8 +345,9 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
             for f in ("sgd", "momentum"):
                 p = sub[f].points.get(b)
                 if p is None:
-                    ran = sum(1 for r in records if run_settings(r)[0] == b and family(run_settings(r)[2]) == f)
-                    row += ["not reached" if ran else "not run", "", ""]
+                    ran = len({run_settings(r) for r in records if is_tuned(r) and run_settings(r)[0] == b
+                               and family(run_settings(r)[2]) == f})
+                    row += [f"not reached ({ran} setting{'s' if ran > 1 else ''} run)" if ran else "not run", "", ""]
                 else:
                     row += [f"{p.steps:.4g}" + (f" (n = {p.seeds})" if p.seeds > 1 else ""), f"{norm[f][b]:.3g}",
                             _fmt_lr(p.lr) if f == "sgd" else f"{_fmt_lr(p.lr)}, {p.momentum:g}"]
