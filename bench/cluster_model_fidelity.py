@@ -24,7 +24,7 @@ timed forward/backward/update steps of the same model and optimizer, one thread)
 algorithm's communication per step costs on the shaped link:
 
 * the link: the rate's TCP payload share (1448 payload bytes of every 1514-byte frame at MTU 1500
-  with TCP timestamps: 95.6 %), latency 0;
+  with TCP timestamps: 95.6 %), latency ``--latency-us`` per phase (default 0);
 * the namespace's loopback is ONE token bucket that every flow in either direction passes, so flows
   that run at once share it (``costmodel.fair_share_finish``). The cost model's ``Cluster`` shares an
   interface only among flows leaving (or entering) one node, so this medium is costed here by the
@@ -188,19 +188,20 @@ def model_bytes(model_name: str, num_classes: int, shape: dict) -> dict:
     return {"grads": params, "averaged": params + sum(t.numel() * t.element_size() for t in bn_buffers(m))}
 
 
-def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float) -> tuple[float, float]:
+def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float,
+                   latency_s: float = 0.0) -> tuple[float, float]:
     """(communication seconds per step on the training thread, AD-PSGD's averagings per step or nan)."""
     params = ALGORITHMS[algo].get("params", {})
     if algo == "arsgd":
-        return bucket_seconds(ring_phases(nbytes["grads"]), bytes_per_s), float("nan")
+        return bucket_seconds(ring_phases(nbytes["grads"]), bytes_per_s, latency_s), float("nan")
     if algo == "local_sgd":
-        return bucket_seconds(ring_phases(nbytes["averaged"]), bytes_per_s) / params["period"], float("nan")
+        return bucket_seconds(ring_phases(nbytes["averaged"]), bytes_per_s, latency_s) / params["period"], float("nan")
     if algo == "swarm":
         n = nbytes["averaged"]
-        return bucket_seconds([[n, n]], bytes_per_s) / params["local_steps"], float("nan")
+        return bucket_seconds([[n, n]], bytes_per_s, latency_s) / params["local_steps"], float("nan")
     if algo == "adpsgd":    # REQ + 32-byte header + s_i one way, then s_j back, on the communication thread
         n = nbytes["averaged"]
-        return adpsgd_round(compute_s, bucket_seconds([[n + 32], [n]], bytes_per_s), params["round_steps"])
+        return adpsgd_round(compute_s, bucket_seconds([[n + 32], [n]], bytes_per_s, latency_s), params["round_steps"])
     raise ValueError(f"unknown algorithm {algo!r}")
 
 
@@ -350,6 +351,9 @@ def parser() -> argparse.ArgumentParser:
                    help="no namespace, no shaping: the cases on the plain loopback, predicted at --unshaped-rate")
     p.add_argument("--unshaped-rate", type=float, default=10000.0,
                    help="the link rate in Mbit/s the prediction takes for --unshaped (default 10000)")
+    p.add_argument("--latency-us", type=float, default=0.0,
+                   help="the link's latency in microseconds the prediction takes, per phase of an operation "
+                        "(default 0: tbf adds none)")
     p.add_argument("--profile-repeats", type=int, default=20, help="timed steps of the compute profile (default 20)")
     p.add_argument("--json", default=None, help="also write every case's figures to this file")
     p.add_argument("--inner", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -365,6 +369,9 @@ def main(argv=None) -> int:
     a = parser().parse_args(argv)
     if a.inner:
         return inner(*a.inner)
+    if not a.latency_us >= 0:
+        print(f"--latency-us={a.latency_us}: must be >= 0", file=sys.stderr)
+        return 2
     for name in ("repeats", "steps", "batch_size", "profile_repeats"):
         if getattr(a, name) < 1:
             print(f"--{name.replace('_', '-')}={getattr(a, name)}: must be >= 1", file=sys.stderr)
@@ -424,7 +431,7 @@ def _run(a, root: Path, load0) -> int:
                 mine = [x for x in results if x["rate"] == rate and x["model"] == m and x["algorithm"] == al]
                 step, spread = _med_spread([x["step_s"] for x in mine])
                 comm = statistics.median(x["comm_s"] for x in mine)
-                comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps)
+                comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps, a.latency_us * 1e-6)
                 pred = compute + comm_pred
                 share = comm / step if step > 0 else 0.0
                 ratio = pred / step if step > 0 else float("nan")
@@ -442,7 +449,7 @@ def _run(a, root: Path, load0) -> int:
     for m in a.models:
         print(f"compute profile {m}: {profiles[m].seconds(a.batch_size) * 1e3:.2f} ms/step ({profiles[m].source}); "
               f"payload {nbytes[m]['grads']:,} B gradients, {nbytes[m]['averaged']:,} B averaged")
-    print(f"link: rate x {PAYLOAD_SHARE:.4f} (TCP payload at MTU 1500), latency 0; median of {a.repeats} run(s), "
+    print(f"link: rate x {PAYLOAD_SHARE:.4f} (TCP payload at MTU 1500), latency {a.latency_us:g} us; median of {a.repeats} run(s), "
           f"spread = (max - min) / median")
     hdr = (f"{'Mbit/s':>7s} {'model':6s} {'algorithm':9s} {'meas ms':>8s} {'spread':>6s} {'comm ms':>8s} "
            f"{'pred comm':>9s} {'pred ms':>8s} {'pred/meas':>9s} {'comm %':>6s}  target")

@@ -28,6 +28,7 @@ def _bench():
 @pytest.mark.parametrize("argv, says", [
     (["--steps", "20", "--unshaped"], "--steps=20: must be a multiple of 16"),
     (["--repeats", "0", "--unshaped"], "--repeats=0: must be >= 1"),
+    (["--latency-us", "-5", "--unshaped"], "--latency-us=-5.0: must be >= 0"),
     (["--hlf-manifest", "/nonexistent/manifest.json", "--unshaped"], "--hlf-manifest /nonexistent/manifest.json"),
 ])
 def test_a_bad_option_is_one_line_and_exit_2_before_any_run(argv, says, capsys):
@@ -76,6 +77,9 @@ def test_the_predicted_communication_per_step_of_each_algorithm():
     assert b.predicted_comm("arsgd", nb, 0.01, rate)[0] == pytest.approx(2 * 1000 / rate)
     assert b.predicted_comm("local_sgd", nb, 0.01, rate)[0] == pytest.approx(2 * 1200 / rate / 8)
     assert b.predicted_comm("swarm", nb, 0.01, rate)[0] == pytest.approx(2 * 1200 / rate / 4)
+    # a latency per phase: the ring's 2(M-1) = 2, the exchange's 1
+    assert b.predicted_comm("arsgd", nb, 0.01, rate, 1e-3)[0] == pytest.approx(2 * 1000 / rate + 2e-3)
+    assert b.predicted_comm("swarm", nb, 0.01, rate, 1e-3)[0] == pytest.approx((2 * 1200 / rate + 1e-3) / 4)
 
 
 def test_adpsgd_waits_at_the_round_end_for_the_averaging_in_flight():
