@@ -159,3 +159,15 @@ def test_a_bad_value_is_one_line_and_no_output(train_config, tmp_path, option, e
     err = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], r.stderr
     assert not out.exists() and r.stdout == ""
+
+
+def test_the_documented_example_is_the_committed_run():
+    """docs/training.md's example table shows results/whatif/hlf_gbe10/table.json's rows."""
+    import re
+
+    rows = json.loads((REPO / "results" / "whatif" / "hlf_gbe10" / "table.json").read_text())["rows"]
+    page = (REPO / "docs" / "training.md").read_text()
+    shown = re.findall(r"^\| `([^`]+)` \| (\d+) \| ([-\d.]+) \| ([-\d]+) \|", page, flags=re.M)
+    assert shown == [(r["algorithm"], str(r["workers"]),
+                      "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s'] * 1e3:.1f}",
+                      "-" if r["step_to_target"] is None else str(r["step_to_target"])) for r in rows]
