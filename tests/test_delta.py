@@ -328,22 +328,28 @@ def test_a_log_write_that_lands_and_then_fails_is_the_jobs_own_commit(store_root
     _held_once(table, ["n1.root", "n2.root", "old.root"])
 
 
+@pytest.mark.parametrize("b_through", ["same folder", "symlink"])
 def test_a_run_that_chose_its_inputs_before_another_committed_them_is_refused(spark, tmp_path, samples_dir,
-                                                                                monkeypatch):
+                                                                                monkeypatch, b_through):
     """A second only-new run (B) commits the same new files while the first (A) is between choosing
     its inputs from the ledger and its commit (a hook runs B right after A's input selection):
     A fails in one line before moving anything, and every file's rows are in the table once;
-    when the table did not exist at A's choice, and when it did."""
+    when the table did not exist at A's choice, and when it did; also when B names the files
+    through a symlink to the landing folder (one input by its real path)."""
     import pipeline.ingest.root.stage as stage
 
     land, table = tmp_path / "land", tmp_path / "table"
     land.mkdir()
     select = stage.select_inputs
+    b_land = land
+    if b_through == "symlink":
+        b_land = tmp_path / "link"
+        b_land.symlink_to(land)
 
     def racing(cfg, files, out):
         run = select(cfg, files, out)
         monkeypatch.setattr(stage, "select_inputs", select)
-        ingest_root(cfg, spark)                  # B: the same inputs, committed first
+        ingest_root(cfg.model_copy(update={"input": str(b_land / "*.root")}), spark)   # B: the same inputs, first
         return run
 
     cfg = _cfg(str(land / "*.root"), table, filter_name=["event"])
@@ -352,7 +358,7 @@ def test_a_run_that_chose_its_inputs_before_another_committed_them_is_refused(sp
         shutil.copy(samples_dir / name, land / f"x{i}.root")
         events += _uproot(land / f"x{i}.root", ["event"])["event"]
         monkeypatch.setattr(stage, "select_inputs", racing)
-        with pytest.raises(BadInputError, match=rf"another job committed {land / f'x{i}.root'} \(version {i}\) "
+        with pytest.raises(BadInputError, match=rf"another job committed {b_land / f'x{i}.root'} \(version {i}\) "
                                                 "while this one ran; nothing of this run was committed"):
             ingest_root(cfg, spark)
         df = _polars(table)

@@ -57,6 +57,7 @@ from ..fs import (Location, check_writable, confined, delete_file, delete_tree, 
                   read_bytes_if_exists, write_bytes)
 from ..marker import foreign_file, read_marker
 from . import deltalog, types
+from .ledger import identity
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ class DeltaJob(OutputJob):
         return pa.schema(fields)
 
     def _inputs(self) -> set:
-        return {s["file"] for s in self.record.get("sources") or []}
+        return {identity(s) for s in self.record.get("sources") or []}
 
     def _own_commit(self) -> Optional[int]:
         """The version whose commit record carries this job's id (None: the log holds no entry of
@@ -304,7 +305,7 @@ class DeltaJob(OutputJob):
         if own is not None:
             return own
         for v, rec in entries:
-            clash = sorted(mine & {s["file"] for s in rec.get("sources") or [] if not s.get("error")})
+            clash = sorted(s["file"] for s in rec.get("sources") or [] if not s.get("error") and identity(s) in mine)
             if clash:
                 raise BadInputError(f"{self.what}: another job committed {clash[0]} (version {v}) while this one "
                                     "ran; nothing of this run was committed: rerun it to ingest what is still new")
