@@ -229,3 +229,10 @@ def test_a_batch_without_a_point_says_how_many_settings_ran():
     text = s2r.render("W", recs, [0.10], 3.16)
     assert "| 32 | not reached (2 settings run) |  |  | not run |  |  |" in text
     assert "| 16 | 10 | 1 | 0.1 | not run |  |  |" in text
+
+
+def test_a_span_over_batches_not_run_is_not_classified():
+    p = pts({16: 1000, 256: 100})                 # 32 ... 128 not run yet (a sitting)
+    r = s2r.regimes(p, [16, 256])
+    assert r.doublings == [(16, 256, pytest.approx(math.log2(0.1) / 4), s2r.GAP)]
+    assert (r.perfect_until, r.max_useful, r.max_useful_ge) == (16, 256, True)

@@ -21,7 +21,8 @@ From the records (:mod:`.records`):
   *diminishing returns* between. The perfect-scaling regime ends at the largest batch that every
   doubling from the smallest batch up to it scales perfectly; the maximal-data-parallelism regime
   starts at the smallest batch from which every further doubling is "no benefit" (a batch after
-  which the target is no longer reached counts as no benefit). The **maximum useful batch** is that
+  which the target is no longer reached counts as no benefit; a span over batches not run yet is not
+  classified, and ends the perfect regime and a flat tail there). The **maximum useful batch** is that
   start; when the last doubling still helps, it is at least the largest batch measured (``ge``).
 * **Simple rules for the best rate** (:func:`rate_rules`): whether the best rate follows lr ∝ B
   (Goyal's linear rule), lr ∝ sqrt(B) or a constant, anchored at the smallest batch, to within one
@@ -47,6 +48,7 @@ PERFECT_SLOPE = -0.85
 #: local slope at or above which a doubling brings no benefit (steps fall <= 1.11x)
 FLAT_SLOPE = -0.15
 PERFECT, DIMINISHING, FLAT = "perfect scaling", "diminishing returns", "maximal data parallelism"
+GAP = "batches between not run"   # a span of more than one doubling: its slope is shown, not classified
 
 
 def steps_to_target(curve: Iterable[dict], target_error: float) -> Optional[int]:
@@ -165,7 +167,7 @@ def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
             r.doublings.append((lo, hi, None, FLAT))
             continue
         s = math.log2(points[hi].steps / points[lo].steps) / math.log2(hi / lo)
-        r.doublings.append((lo, hi, s, classify(s)))
+        r.doublings.append((lo, hi, s, classify(s) if hi == 2 * lo else GAP))
     r.perfect_until = start         # the smallest batch alone when the first doubling is not perfect
     for lo, hi, _, cls in r.doublings:
         if cls != PERFECT:
@@ -178,7 +180,7 @@ def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
         r.max_useful, r.max_useful_ge = max(points), True
     else:
         r.max_useful = r.doublings[tail][0]
-    ranks = [order[d[3]] for d in r.doublings]
+    ranks = [order[d[3]] for d in r.doublings if d[3] != GAP]
     r.ordered = all(a <= b for a, b in zip(ranks, ranks[1:]))
     return r
 
@@ -321,7 +323,8 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
     return out
 
 
-_SHORT = {PERFECT: "perfect", DIMINISHING: "diminishing", FLAT: "no benefit"}
+_SHORT = {PERFECT: "perfect", DIMINISHING: "diminishing", FLAT: "no benefit",
+          GAP: "not classified: batches between not run"}
 
 
 def _fmt_lr(v: float) -> str:
