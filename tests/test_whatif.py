@@ -45,7 +45,8 @@ def _hlf_shards(root: Path) -> Path:
 
     workers = [{"worker": w, "path": part(shards / f"worker_{w:03d}", np.arange(w * 128, (w + 1) * 128), "train"),
                 "files": ["part-00000.parquet"], "rows": 128, "seed": 1000 + w, "group": {}} for w in range(2)]
-    ev = {s: part(shards / "eval" / s, np.arange(256 + 128 * i, 384 + 128 * i), s) for i, s in enumerate(("test", "val"))}
+    ev = {s: part(shards / "eval" / s, np.arange(256 + 128 * i, 384 + 128 * i), s)
+          for i, s in enumerate(("test", "val"))}
     ShardManifest(source=str(feats / "hlf"), layout={"scheme": "disjoint", "workers": 2, "copies": 1, "seed": 0},
                   n_train_samples=256, row_group_rows=64, eval=ev, workers=workers).write(shards / "manifest.json")
     return shards / "manifest.json"

@@ -190,11 +190,14 @@ def _run_config(cfg: WhatIfConfig, train_cfg, algorithm: dict, workers: int, man
 
     params = algorithm["params"] or (dict(train_cfg.algorithm.params) if train_cfg.algorithm.name == algorithm["name"]
                                      else {})
-    base = {k: v for k, v in train_cfg.cluster.model_dump(exclude_none=True).items() if k != "nodes"}
-    cluster = {**base, **cluster_fields(cfg.cluster, cfg.ranks_per_node), "nodes": nodes_for(workers, cfg.ranks_per_node)}
+    # the training config's own compute profile stays unless the cluster gives one; its links do not
+    own = train_cfg.cluster.model_dump(include={"compute_step_s", "compute_source"}, exclude_none=True)
+    cluster = {**own, **cluster_fields(cfg.cluster, cfg.ranks_per_node),
+               "nodes": nodes_for(workers, cfg.ranks_per_node)}
     data = train_cfg.model_dump(mode="json")
     data.update(manifest=manifest, output=str(out / "train"), checkpoint_dir=str(out / "ckpt"), launcher="inprocess",
-                workers=workers, max_steps=cfg.max_steps, epochs=max(train_cfg.epochs, cfg.max_steps), eval_every=cfg.eval_every or max(1, cfg.max_steps // 20),
+                workers=workers, max_steps=cfg.max_steps, epochs=max(train_cfg.epochs, cfg.max_steps),
+                eval_every=cfg.eval_every or max(1, cfg.max_steps // 20),
                 eval_split="val", progress=False, tensorboard=False, checkpoint_every=0, resume=False,
                 algorithm={"name": algorithm["name"], "params": params}, cluster=cluster)
     data["tracking"] = {**data.get("tracking", {}), "enabled": False}
