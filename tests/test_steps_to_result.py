@@ -151,7 +151,7 @@ def test_the_page_region_and_its_figure_come_from_the_records(tmp_path):
     text = "intro\n<!-- results-steps: s2r -->\nold\n<!-- /results-steps -->\nend\n"
     new = s2r.regenerate(text, root, page)
     assert "old" not in new and new.startswith("intro\n") and new.endswith("<!-- /results-steps -->\nend\n")
-    assert "| 64 | 30 | 0.469 | 0.4 | 16 | 0.25 | 0.4, 0.9 |" in new
+    assert "| 64 | 30 | 0.469 | 0.4 (1 setting run) | 16 | 0.25 | 0.4, 0.9 (1 setting run) |" in new
     assert "| momentum extends perfect scaling | disagrees | W error 0.1: SGD to 32, momentum to 16 |" in new
     assert "| three regimes | disagrees | W momentum at error 0.1: the regimes go back along the batch |" in new
     stale = s2r.stale_figures(new, root, page)
@@ -205,7 +205,7 @@ def test_the_results_command_writes_the_steps_region_and_its_figure(tmp_path):
         tables.results_tables(tables.ResultsTablesConfig(check=True, **cfg))
     out = tables.results_tables(tables.ResultsTablesConfig(**cfg))
     assert out["figures"] == [str(tmp_path / "figures" / "results_s2r.png")]
-    assert "| 32 | 32 | 0.5 | 0.2 | 32 | 0.5 | 0.2, 0.9 |" in page.read_text()
+    assert "| 32 | 32 | 0.5 | 0.2 (1 setting run) | 32 | 0.5 | 0.2, 0.9 (1 setting run) |" in page.read_text()
     assert not tables.results_tables(tables.ResultsTablesConfig(check=True, **cfg))["rewritten"]
 
 
@@ -225,10 +225,12 @@ def test_a_batch_run_only_by_the_other_family_is_not_a_miss():
 
 
 def test_a_batch_without_a_point_says_how_many_settings_ran():
-    recs = [rec(16, 0.1, 0.0, [0.95]), rec(32, 0.1, 0.0, [0.2]), rec(32, 0.3, 0.0, [0.2])]
+    recs = [rec(16, 0.1, 0.0, [0.95]), rec(32, 0.1, 0.0, [0.2]), rec(32, 0.3, 0.0, [0.2]),
+            rec(64, 0.1, 0.0, [0.5, 0.95]), rec(64, 0.3, 0.0, [0.95]), rec(64, 1.0, 0.0, [0.1])]
     text = s2r.render("W", recs, [0.10], 3.16)
+    assert "| 64 | 10 | 1 | 0.3 (best of 3) | not run |  |  |" in text
     assert "| 32 | not reached (2 settings run) |  |  | not run |  |  |" in text
-    assert "| 16 | 10 | 1 | 0.1 | not run |  |  |" in text
+    assert "| 16 | 10 | 1 | 0.1 (1 setting run) | not run |  |  |" in text
 
 
 def test_a_span_over_batches_not_run_is_not_classified():

@@ -352,8 +352,9 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
                                and family(run_settings(r)[2]) == f})
                     row += [f"not reached ({ran} setting{'s' if ran > 1 else ''} run)" if ran else "not run", "", ""]
                 else:
+                    of = f" (best of {p.runs})" if p.runs > 1 else " (1 setting run)"
                     row += [f"{p.steps:.4g}" + (f" (n = {p.seeds})" if p.seeds > 1 else ""), f"{norm[f][b]:.3g}",
-                            _fmt_lr(p.lr) if f == "sgd" else f"{_fmt_lr(p.lr)}, {p.momentum:g}"]
+                            (_fmt_lr(p.lr) if f == "sgd" else f"{_fmt_lr(p.lr)}, {p.momentum:g}") + of]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
         if not records:
