@@ -5,7 +5,7 @@ Delphes also the same files read over ``root://`` from a real XRootD server on l
 local reads. Not a test: prints measured figures and ratios (compare only numbers from the same run).
 
     .venv/bin/python bench/ingest.py [--case nano|delphes|all] [--cores 2] [--repeat 3]
-                                     [--nano-copies 40] [--large-events 20000] [--profile]
+                                     [--nano-copies 20] [--large-events 50000] [--profile]
                                      [--copies 8] [--branches all|config] [--no-remote] [--small]
 
 Cases (``--case``; the default ``nano`` runs the two NanoAOD ones, in a few minutes):
@@ -470,8 +470,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", choices=["nano", "nano-small", "nano-large", "delphes", "all"], default="nano",
                     help="nano: nano-small and nano-large")
-    ap.add_argument("--nano-copies", type=int, default=40, help="copies of nano_dy.root (345 KB each)")
-    ap.add_argument("--large-events", type=int, default=20000, help="events of the generated large NanoAOD file")
+    ap.add_argument("--nano-copies", type=int, default=20, help="copies of nano_dy.root (345 KB each)")
+    ap.add_argument("--large-events", type=int, default=50000,
+                    help="events of the generated large NanoAOD file (20,000 and fewer: one 100 MB chunk)")
     ap.add_argument("--profile", action="store_true", help="print where one process's time goes (NanoAOD cases)")
     ap.add_argument("--ab", action="store_true", help="print each change of the read, measured in one process")
     ap.add_argument("--no-rounds", action="store_true", help="only --profile / --ab (no Spark, no peers)")
