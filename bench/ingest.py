@@ -538,6 +538,8 @@ def main(argv=None) -> int:
                 base = base or sec
                 print(f"  {name:46s} {sec:7.2f} s  {base / sec:5.2f}x", flush=True)
     if args.no_rounds:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
         return 0
     spark = get_spark(SparkConfig(master=f"local[{args.cores}]", app_name="bench-ingest", driver_memory="4g"))
     summary = []
