@@ -215,6 +215,8 @@ def test_the_section_names_each_doublings_slope_and_class():
     assert "- sgd: perfect scaling up to B = 32; maximum useful batch 32; " in text
     assert "16->32 -1.00 (perfect), 32->64 -0.09 (no benefit)" in text
     assert "- momentum: perfect scaling up to B = 64; maximum useful batch >= 64;" in text
+    text = s2r.render("W", curve_recs({16: 64, 32: 40}, {16: 64, 32: 40}), [0.10], 3.16)
+    assert "- sgd: no doubling of perfect scaling from B = 16; maximum useful batch >= 32;" in text
 
 
 def test_a_batch_run_only_by_the_other_family_is_not_a_miss():

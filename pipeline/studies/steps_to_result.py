@@ -367,7 +367,9 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
                 lines.append(f"- {f}: one batch with a point; no doubling to classify yet")
                 continue
             ge = ">= " if r.max_useful_ge else ""
-            lines.append(f"- {f}: perfect scaling up to B = {r.perfect_until}; "
+            perfect = (f"perfect scaling up to B = {r.perfect_until}" if r.perfect_until > min(sub[f].points)
+                       else f"no doubling of perfect scaling from B = {r.perfect_until}")
+            lines.append(f"- {f}: {perfect}; "
                          f"maximum useful batch {ge}{r.max_useful}; "
                          "doublings (local slope of log2 steps against log2 B): " + ", ".join(
                              f"{lo}->{hi} {'not reached' if s is None else f'{s:+.2f}'} ({_SHORT[c]})"
