@@ -240,3 +240,10 @@ def test_a_span_over_batches_not_run_is_not_classified():
     r = s2r.regimes(p, [16, 256])
     assert r.doublings == [(16, 256, pytest.approx(math.log2(0.1) / 4), s2r.GAP)]
     assert (r.perfect_until, r.max_useful, r.max_useful_ge) == (16, 256, True)
+
+
+def test_momentum_is_not_compared_with_sgd_from_a_different_smallest_batch():
+    recs = curve_recs({16: 64, 32: 40}, {32: 40, 64: 20})       # momentum never reached it at 16
+    recs.append(rec(16, 0.1, 0.9, [0.2]))
+    (v,) = [x for x in s2r.verdicts(s2r.curves("W", recs, [0.10]), 3.16) if x[0].startswith("momentum")]
+    assert v[1] == "not resolvable" and "(from different batches)" in v[2]

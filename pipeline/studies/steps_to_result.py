@@ -243,9 +243,10 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
     * the maximum useful batch varies between workloads: with two or more workloads, agrees when the
       momentum curves' maximum useful batches at the harder target differ by 4x or more (two
       doublings), disagrees when they are within 2x and none is a lower bound; else not resolvable.
-    * momentum extends perfect scaling: per workload and target, the momentum curve's
-      perfect-scaling end against plain SGD's; agrees when it is larger in every pair, disagrees when
-      it is smaller in any pair and larger in none; not resolvable otherwise (equal on a factor-2 grid).
+    * momentum extends perfect scaling: per workload and target where both curves start at the same
+      batch, the momentum curve's perfect-scaling end against plain SGD's; agrees when it is larger in
+      every pair, disagrees when it is smaller in any pair and larger in none; not resolvable otherwise
+      (equal on a factor-2 grid).
     * the best rate follows no simple rule: per curve, :func:`rate_rules` on the rate (plain SGD) or
       the effective rate lr / (1 - momentum) up to the maximum useful batch; agrees when no rule holds
       on any curve, disagrees when one rule holds on every curve, partly otherwise.
@@ -294,11 +295,14 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
     for w, wc in by_w.items():
         for t in sorted({c.target for c in wc}):
             f = {c.family: c for c in wc if c.target == t}
-            if "sgd" in f and "momentum" in f:
-                pairs.append((w, t, f["sgd"].regimes.perfect_until, f["momentum"].regimes.perfect_until))
-    shown = "; ".join(f"{w} error {t}: SGD to {s}, momentum to {m}" for w, t, s, m in pairs)
+            if "sgd" in f and "momentum" in f and f["sgd"].points and f["momentum"].points:
+                pairs.append((w, t, f["sgd"].regimes.perfect_until, f["momentum"].regimes.perfect_until,
+                              min(f["sgd"].points) == min(f["momentum"].points)))
+    shown = "; ".join(f"{w} error {t}: SGD to {s}, momentum to {m}"
+                      + ("" if same else " (from different batches)") for w, t, s, m, same in pairs)
+    pairs = [(w, t, s, m) for w, t, s, m, same in pairs if same]   # both curves from the same smallest batch
     if not pairs:
-        out.append(("momentum extends perfect scaling", "not resolvable", "no pair of curves measured"))
+        out.append(("momentum extends perfect scaling", "not resolvable", shown or "no pair of curves measured"))
     elif all(m > s for _, _, s, m in pairs):
         out.append(("momentum extends perfect scaling", "agrees", shown))
     elif any(m < s for _, _, s, m in pairs) and not any(m > s for _, _, s, m in pairs):
