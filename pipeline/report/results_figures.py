@@ -44,14 +44,25 @@ def stored_digest(path: Path) -> Optional[str]:
     return desc[len(TAG):] if desc.startswith(TAG) else None
 
 
+def save_tagged(fig, path: Path, data: dict) -> None:
+    """Write ``fig`` to ``path`` as a PNG with no timestamp or software tag, carrying the digest of
+    ``data`` (:data:`TAG`), whole (``fs.write_bytes``); close the figure."""
+    import io
+
+    from ..fs import location, write_bytes
+    from .figures import pyplot
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None, "Description": TAG + digest(data)})
+    pyplot().close(fig)
+    write_bytes(location(Path(path)), buf.getvalue())
+
+
 def draw(data: dict, path: Path) -> Path:
     """Draw ``data`` (``{"title", "ylabel", "panels": [{"title", "lines": [{"label", "steps", "mean",
     "std", "n", "source"}]}]}``) to ``path`` (PNG), tagged with its digest."""
-    import io
-
     import matplotlib
 
-    from ..fs import location, write_bytes
     from .figures import pyplot
 
     plt = pyplot()
@@ -83,8 +94,5 @@ def draw(data: dict, path: Path) -> Path:
         marked = any(ln.get("source") is not None for p in panels for ln in p["lines"])
         fig.suptitle(data["title"] + ("  (stars: the source's values)" if marked else ""), fontsize=10)
         fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=80, metadata={"Software": None, "Description": TAG + digest(data)})
-        plt.close(fig)
-    write_bytes(location(Path(path)), buf.getvalue())
+        save_tagged(fig, path, data)
     return Path(path)

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .results_figures import TAG, digest
+from .results_figures import save_tagged
 
 
 def draw(data: dict, path: Path) -> Path:
     """Draw ``data`` (``{"title", "lines": [{"label", "batches", "normalised"}]}``) to ``path`` (PNG)."""
-    import io
-
     import matplotlib
 
-    from ..fs import location, write_bytes
     from .figures import pyplot
 
     plt = pyplot()
@@ -38,8 +35,5 @@ def draw(data: dict, path: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="lower left")
         fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=80, metadata={"Software": None, "Description": TAG + digest(data)})
-        plt.close(fig)
-    write_bytes(location(Path(path)), buf.getvalue())
+        save_tagged(fig, path, data)
     return Path(path)
