@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shell_fixtures import REPO, VENV_BIN, clean_env, lines, sh
+from train_fixtures import write_hlf_shards
 
 CONFIGS = REPO / "configs"
 
@@ -142,38 +143,6 @@ def test_the_built_in_defaults_chain_like_the_configs():
     assert [s.files for s in feat.samples] == [s.files for s in yaml["features"].samples]
 
 
-def _hlf_shards(root: Path) -> None:
-    """What ``make run`` leaves under ``root``: runs/hep/shards (HLF rows, 2 workers) and
-    runs/hep/features/scaling.json, written without Spark."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.features.scaling import ScalingFile
-    from pipeline.shards.manifest import ShardManifest
-
-    feats, shards = root / "runs" / "hep" / "features", root / "runs" / "hep" / "shards"
-    (feats / "hlf").mkdir(parents=True)
-    (feats / "scaling.json").write_text(ScalingFile(hlf={"mean": [0.0] * 14, "std": [1.0] * 14},
-                                                    llf={"mean": [0.0] * 19, "std": [1.0] * 19}).model_dump_json())
-    rng = np.random.default_rng(0)
-
-    def part(d: Path, ids: np.ndarray, split: str) -> str:
-        d.mkdir(parents=True)
-        pq.write_table(pa.table({"sample_id": ids.astype(np.int64), "label": (ids % 3).astype(np.int64),
-                                 "split": [split] * len(ids),
-                                 "hlf": pa.array(list(rng.normal(size=(len(ids), 14)).astype(np.float32)),
-                                                 pa.list_(pa.float32()))}), d / "part-00000.parquet")
-        return str(d.resolve())
-
-    workers = [{"worker": w, "path": part(shards / f"worker_{w:03d}", np.arange(w * 128, (w + 1) * 128), "train"),
-                "files": ["part-00000.parquet"], "rows": 128, "sample_ids": [[w * 128, w * 128 + 127]],
-                "seed": 1000 + w, "group": {}} for w in range(2)]
-    ev = {s: part(shards / "eval" / s, np.arange(256 + 64 * i, 320 + 64 * i), s) for i, s in enumerate(("test", "val"))}
-    ShardManifest(source=str(feats / "hlf"), layout={"scheme": "disjoint", "workers": 2, "copies": 1, "seed": 0},
-                  n_train_samples=256, row_group_rows=128, eval=ev, workers=workers).write(shards / "manifest.json")
-
-
 @pytest.mark.needs_horovod   # the bare job's launcher is the default, horovod
 def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypatch, capsys, spark):
     """``jobs/train.py`` with no option, in a checkout where ``make run`` ran: the HLF shards under
@@ -188,7 +157,7 @@ def test_the_bare_training_job_trains_on_what_make_run_wrote(tmp_path, monkeypat
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: shard manifest not found:") and "runs/hep/shards/manifest.json" in err, err
     assert "`make run`" in err, err
-    _hlf_shards(tmp_path)
+    write_hlf_shards(tmp_path / "runs" / "hep" / "features", tmp_path / "runs" / "hep" / "shards")
     assert main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     plan = json.loads(out[:out.rindex("}") + 1])["plan"]

@@ -10,52 +10,20 @@ import csv
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from shell_fixtures import REPO, VENV_BIN, sh
+from train_fixtures import write_hlf_shards
 
 TARGET = 0.6
 ALGORITHMS = "arsgd,local_sgd:period=4"
 
 
-def _hlf_shards(root: Path) -> Path:
-    """HLF shards (2 workers, 256 training rows) whose label is the largest of the first three
-    features: a target the HLF classifier reaches in a few dozen steps. Written without Spark, as the
-    shard stage lays them out; scaling.json beside the source."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.features.scaling import ScalingFile
-    from pipeline.shards.manifest import ShardManifest
-
-    feats, shards = root / "features", root / "shards"
-    (feats / "hlf").mkdir(parents=True)
-    (feats / "scaling.json").write_text(ScalingFile(hlf={"mean": [0.0] * 14, "std": [1.0] * 14},
-                                                    llf={"mean": [0.0] * 19, "std": [1.0] * 19}).model_dump_json())
-    rng = np.random.default_rng(0)
-
-    def part(d: Path, ids: np.ndarray, split: str) -> str:
-        d.mkdir(parents=True)
-        x = rng.normal(size=(len(ids), 14)).astype(np.float32)
-        pq.write_table(pa.table({"sample_id": ids.astype(np.int64), "label": np.argmax(x[:, :3], 1).astype(np.int64),
-                                 "split": [split] * len(ids), "hlf": pa.array(list(x), pa.list_(pa.float32()))}),
-                       d / "part-00000.parquet", row_group_size=64)
-        return str(d.resolve())
-
-    workers = [{"worker": w, "path": part(shards / f"worker_{w:03d}", np.arange(w * 128, (w + 1) * 128), "train"),
-                "files": ["part-00000.parquet"], "rows": 128, "seed": 1000 + w, "group": {}} for w in range(2)]
-    ev = {s: part(shards / "eval" / s, np.arange(256 + 128 * i, 384 + 128 * i), s)
-          for i, s in enumerate(("test", "val"))}
-    ShardManifest(source=str(feats / "hlf"), layout={"scheme": "disjoint", "workers": 2, "copies": 1, "seed": 0},
-                  n_train_samples=256, row_group_rows=64, eval=ev, workers=workers).write(shards / "manifest.json")
-    return shards / "manifest.json"
-
-
 @pytest.fixture(scope="module")
 def train_config(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("whatif")
-    manifest = _hlf_shards(root)
+    manifest = write_hlf_shards(root / "features", root / "shards", learnable=True, n_eval=128,
+                                row_group_rows=64)
     cfg = root / "hlf.yaml"
     cfg.write_text(f"manifest: {manifest}\noutput: {root / 'unused'}\nmodel: hlf\noptimizer: adam\nlr: 0.01\n"
                    "lr_scaling: none\nwarmup_epochs: 0\nbatch_size: 16\nepochs: 20\nseed: 0\n"

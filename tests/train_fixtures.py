@@ -103,6 +103,39 @@ def write_layout(out, worker_ids: list, *, seeds: list[int], groups: list[dict],
 # ----------------------------------------------------------------------------- pytest fixtures
 # Registered with ``pytest_plugins = ["train_fixtures"]`` by the training test modules, so the
 # session-scoped launches below run once per session however many modules use them.
+def write_hlf_shards(feats: Path, shards: Path, *, learnable: bool = False, n_eval: int = 64,
+                     row_group_rows: int = 128) -> Path:
+    """HLF shards as the shard stage lays them out (2 disjoint workers of 128 training rows, test and
+    val of ``n_eval`` rows each) and ``scaling.json`` beside the source ``feats/hlf``, written without
+    Spark; the label is ``sample_id % 3``, or with ``learnable`` the largest of the first three
+    features (a target the HLF classifier reaches in a few dozen steps). Returns the manifest."""
+    from pipeline.features.scaling import ScalingFile
+
+    (feats / "hlf").mkdir(parents=True)
+    (feats / "scaling.json").write_text(ScalingFile(hlf={"mean": [0.0] * 14, "std": [1.0] * 14},
+                                                    llf={"mean": [0.0] * 19, "std": [1.0] * 19}).model_dump_json())
+    rng = np.random.default_rng(0)
+
+    def part(d: Path, ids: np.ndarray, split: str) -> str:
+        d.mkdir(parents=True)
+        x = rng.normal(size=(len(ids), 14)).astype(np.float32)
+        label = np.argmax(x[:, :3], 1) if learnable else ids % 3
+        pq.write_table(pa.table({"sample_id": ids.astype(np.int64), "label": label.astype(np.int64),
+                                 "split": [split] * len(ids), "hlf": pa.array(list(x), pa.list_(pa.float32()))}),
+                       d / "part-00000.parquet", row_group_size=row_group_rows)
+        return str(d.resolve())
+
+    workers = [{"worker": w, "path": part(shards / f"worker_{w:03d}", np.arange(w * 128, (w + 1) * 128), "train"),
+                "files": ["part-00000.parquet"], "rows": 128, "sample_ids": [[w * 128, w * 128 + 127]],
+                "seed": 1000 + w, "group": {}} for w in range(2)]
+    ev = {s: part(shards / "eval" / s, np.arange(256 + n_eval * i, 256 + n_eval * (i + 1)), s)
+          for i, s in enumerate(("test", "val"))}
+    ShardManifest(source=str(feats / "hlf"), layout={"scheme": "disjoint", "workers": 2, "copies": 1, "seed": 0},
+                  n_train_samples=256, row_group_rows=row_group_rows, eval=ev, workers=workers
+                  ).write(shards / "manifest.json")
+    return shards / "manifest.json"
+
+
 import pytest  # noqa: E402
 
 
