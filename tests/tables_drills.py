@@ -1,5 +1,5 @@
 """A feature-stage-like job on a folder of Delta tables without Spark, for tests/test_features_tables.py:
-:class:`pipeline.tables.job.TablesJob` writing ``hlf/`` and ``llf/`` (one small Parquet file each,
+:class:`pipeline.tables.tables_job.TablesJob` writing ``hlf/`` and ``llf/`` (one small Parquet file each,
 written by a task attempt as the writer tasks do) and ``report.json``; :func:`run_drill` runs one in
 a process of its own, stopped (``os._exit``) after the n-th step of its commit.
 
@@ -20,7 +20,7 @@ def write_tables(out: str, rows: int) -> str:
     """One run: ``rows`` rows in hlf/ and in llf/ (column ``run`` = rows); returns the job id."""
     import pyarrow as pa
 
-    from pipeline.tables.job import tables_job
+    from pipeline.tables.tables_job import tables_job
 
     with tables_job(out, ("hlf", "llf"), "features") as job:
         records = []

@@ -1,4 +1,4 @@
-"""The feature stage's Delta tables (``output_format: delta``, pipeline.tables.job.TablesJob) without
+"""The feature stage's Delta tables (``output_format: delta``, pipeline.tables.tables_job.TablesJob) without
 Spark: a run stopped between its tables' log entries is reported and replaced by the next run, a
 stopped run's prefix under ``_pipeline/jobs/`` is deleted, and every log entry's ``stats`` is the
 files' row count or absent (never ``""``)."""
@@ -16,7 +16,7 @@ from tables_drills import KILLED, run_drill, write_tables
 from pipeline.errors import BadInputError
 from pipeline.fs import location
 from pipeline.inputs import dataset_files
-from pipeline.tables.job import torn_tables
+from pipeline.tables.tables_job import torn_tables
 from pipeline.tables.snapshot import snapshot_files
 
 TABLES = ("hlf", "llf")

@@ -43,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..commit import output_job
-from ..tables.job import tables_job
+from ..tables.tables_job import tables_job
 from ..errors import BadInputError
 from ..fs import check_writable, location
 from ..ingest.root import Chunk

@@ -53,7 +53,7 @@ def check_one_run(path: str | os.PathLike | Location) -> None:
     stage's ``hlf/`` and ``llf/``: its log record's ``tables``, beside it) are one run's; one line
     naming each table's version when a run stopped between their commits (the files beside them,
     ``scaling.json``, are then an older run's). Tables without such a record pass."""
-    from .job import torn_tables
+    from .tables_job import torn_tables
 
     loc = location(path)
     recs = deltalog.commits(loc)
