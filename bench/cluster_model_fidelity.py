@@ -218,12 +218,12 @@ def adpsgd_round(step_s: float, exchange_s: float, round_steps: int) -> tuple[fl
 
 
 def compute_profile(model_name: str, batch: int, warmup: int, repeats: int):
-    """``costmodel.measure_profile`` of one training step (forward, backward, the model's optimizer)
+    """``compute_profile.measure_profile`` of one training step (forward, backward, the model's optimizer)
     of ``model_name`` at local batch ``batch``, one torch thread, on inputs of the shards' shape."""
     import torch
     import torch.nn.functional as F
 
-    from pipeline.train.comm.costmodel import measure_profile
+    from pipeline.train.comm.compute_profile import measure_profile
     from pipeline.train.models import build_model
 
     torch.set_num_threads(1)

@@ -13,8 +13,8 @@ import pytest
 from pipeline.config import build_config
 from pipeline.errors import ConfigError
 from pipeline.train.comm import costmodel
-from pipeline.train.comm.costmodel import (PRESETS, Cluster, ComputeProfile, FlatCost, Ledger, Link,
-                                           fair_share_finish, measure_profile)
+from pipeline.train.comm.compute_profile import ComputeProfile, measure_profile
+from pipeline.train.comm.costmodel import PRESETS, Cluster, FlatCost, Ledger, Link, fair_share_finish
 from pipeline.train.config import TrainConfig
 
 FAST = Link(latency_s=1e-5, bytes_per_s=1e9)     # inside a node

@@ -87,7 +87,7 @@ class ClusterConfig(BaseModel):
 
     compute_step_s: Optional[dict[int, float]] = Field(
         None, description="compute profile: seconds of one training step per local batch size, measured on this "
-                          "machine (costmodel.measure_profile) or given for named hardware; the run's step takes "
+                          "machine (compute_profile.measure_profile) or given for named hardware; the run's step takes "
                           "its local batch's time (linear between two given sizes) unless simulated_clock.step_s "
                           "is set")
     compute_source: Optional[str] = Field(None, description="where compute_step_s comes from (required with it)")
@@ -99,8 +99,8 @@ class ClusterConfig(BaseModel):
                                            self.compute_step_s))
 
     def profile(self):
-        """The :class:`~.comm.costmodel.ComputeProfile` of ``compute_step_s`` (None when unset)."""
-        from .comm.costmodel import ComputeProfile
+        """The :class:`~.comm.compute_profile.ComputeProfile` of ``compute_step_s`` (None when unset)."""
+        from .comm.compute_profile import ComputeProfile
 
         if self.compute_step_s is None:
             return None

@@ -43,8 +43,8 @@ ranks spanning N nodes, n the payload bytes of one rank:
 Concurrent flows whose start times differ share a link by processor sharing
 (:func:`fair_share_finish`): at every moment the active flows split the bandwidth equally.
 
-**Compute** (:class:`ComputeProfile`): a step's seconds per local batch size, measured on this
-machine (:func:`measure_profile`: a short timed warm-up, then the median of timed steps, per batch
+**Compute** (:class:`~.compute_profile.ComputeProfile`): a step's seconds per local batch size, measured on this
+machine (:func:`~.compute_profile.measure_profile`: a short timed warm-up, then the median of timed steps, per batch
 size) or given for named hardware with the source of the numbers.
 
 **Output per run** (:class:`Ledger`): virtual wall time, the share of the ranks' time spent in
@@ -61,16 +61,14 @@ where the code runs it).
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 BACKENDS = ("gloo", "nccl")
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 
 
-def _check(name: str, value: float, positive: bool) -> float:
+def check_number(name: str, value: float, positive: bool) -> float:
     v = float(value)
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
         raise ValueError(f"{name}={value!r}: must be a finite number {'> 0' if positive else '>= 0'}")
@@ -85,8 +83,8 @@ class Link:
     bytes_per_s: float
 
     def __post_init__(self) -> None:
-        _check("latency_s", self.latency_s, positive=False)
-        _check("bytes_per_s", self.bytes_per_s, positive=True)
+        check_number("latency_s", self.latency_s, positive=False)
+        check_number("bytes_per_s", self.bytes_per_s, positive=True)
 
     def seconds(self, nbytes: float, flows: int = 1) -> float:
         """One transfer of ``nbytes`` while ``flows`` equal flows (this one included) share the link."""
@@ -378,8 +376,8 @@ class FlatCost:
     bytes_per_s: float
 
     def __post_init__(self) -> None:
-        _check("latency_s", self.latency_s, positive=False)
-        _check("bytes_per_s", self.bytes_per_s, positive=True)
+        check_number("latency_s", self.latency_s, positive=False)
+        check_number("bytes_per_s", self.bytes_per_s, positive=True)
 
     def _c(self, nbytes: float) -> Cost:
         return Cost(self.latency_s + float(nbytes) / self.bytes_per_s)      # no links: no bytes per link
@@ -409,8 +407,8 @@ class FlatCost:
 def fair_share_finish(bytes_per_s: float, latency_s: float, flows: Sequence[tuple[float, float]]) -> list[float]:
     """Finish times of flows ``(start_s, nbytes)`` on one link of ``bytes_per_s`` shared by processor
     sharing (the active flows split the bandwidth equally at every moment), each plus the latency."""
-    beta = _check("bytes_per_s", bytes_per_s, positive=True)
-    lat = _check("latency_s", latency_s, positive=False)
+    beta = check_number("bytes_per_s", bytes_per_s, positive=True)
+    lat = check_number("latency_s", latency_s, positive=False)
     left = {i: float(n) for i, (_, n) in enumerate(flows)}
     starts = sorted((float(s), i) for i, (s, _) in enumerate(flows))
     done: dict[int, float] = {}
@@ -438,61 +436,6 @@ def fair_share_finish(bytes_per_s: float, latency_s: float, flows: Sequence[tupl
                 done[i] = until
         t = until
     return [done[i] + lat for i in range(len(flows))]
-
-
-# ---------------------------------------------------------------------- compute
-@dataclass(frozen=True)
-class ComputeProfile:
-    """Seconds of one training step (forward, backward, update) per local batch size, and where the
-    numbers come from (a measurement on this machine, or a named device and its source)."""
-
-    step_s: Mapping[int, float]
-    source: str
-
-    def __post_init__(self) -> None:
-        if not self.step_s:
-            raise ValueError("a compute profile needs at least one batch size")
-        for b, s in self.step_s.items():
-            if int(b) < 1:
-                raise ValueError(f"batch size {b}: must be >= 1")
-            _check(f"step_s[{b}]", s, positive=True)
-        if not str(self.source).strip():
-            raise ValueError("a compute profile needs the source of its numbers")
-
-    def seconds(self, batch: int) -> float:
-        """A step's seconds at ``batch``: measured, or linear between the two measured sizes around it."""
-        b = int(batch)
-        pts = sorted((int(k), float(v)) for k, v in self.step_s.items())
-        for k, v in pts:
-            if k == b:
-                return v
-        if not pts[0][0] < b < pts[-1][0]:
-            raise ValueError(f"batch size {b} outside the profile's measured {pts[0][0]}..{pts[-1][0]} "
-                             f"({self.source})")
-        for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
-            if b0 < b < b1:
-                return s0 + (s1 - s0) * (b - b0) / (b1 - b0)
-        raise AssertionError("unreachable")
-
-
-def measure_profile(step: Callable[[int], None], batches: Iterable[int], warmup: int = 2, repeats: int = 5,
-                    clock: Callable[[], float] = time.perf_counter, source: str = "measured on this machine"
-                    ) -> ComputeProfile:
-    """Time ``step(batch)`` on this machine: ``warmup`` untimed calls, then the median of ``repeats``
-    timed ones, per batch size."""
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"warmup={warmup}, repeats={repeats}: warmup >= 0 and repeats >= 1")
-    out: dict[int, float] = {}
-    for b in batches:
-        for _ in range(warmup):
-            step(int(b))
-        times = []
-        for _ in range(repeats):
-            t0 = clock()
-            step(int(b))
-            times.append(clock() - t0)
-        out[int(b)] = max(statistics.median(times), 1e-9)
-    return ComputeProfile(out, source)
 
 
 # ---------------------------------------------------------------------- a run's account

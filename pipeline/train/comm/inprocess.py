@@ -54,17 +54,16 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import random
 import threading
 import time
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
 
 from ...errors import ConfigError
 from . import simclock
 from .base import Communicator, Group, nbytes
+from .inprocess_checks import check_match, global_rng_state, same_rng
 from .simcore import RunEnded
 
 _current = threading.local()
@@ -90,37 +89,6 @@ def interrupt(thread: threading.Thread) -> bool:
         return False
     n = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Ended))
     return n == 1
-
-
-def _global_rng_state() -> tuple:
-    _, key, pos, _, _ = np.random.get_state()
-    return torch.get_rng_state(), key.copy(), pos, random.getstate()
-
-
-def _same_rng(a: tuple, b: tuple) -> bool:
-    return torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
-
-
-def check_match(op: str, parts: Sequence, ranks: Sequence[int], root: Optional[int] = None) -> None:
-    """Every rank's tensors of one collective have the same count, shapes and dtypes (``root``: the
-    others must match the root's); else ValueError naming the first rank and tensor that differ."""
-    ref_i = ranks.index(root) if root is not None else 0
-    ref = parts[ref_i]
-    for i, mine in enumerate(parts):
-        if mine is None or i == ref_i:
-            continue
-        if len(mine) != len(ref):
-            raise ValueError(f"{op}: rank {ranks[i]} passed {len(mine)} tensors, rank {ranks[ref_i]} {len(ref)}: "
-                             "every rank must pass the same tensors (gloo refuses the call too)")
-        for k, (a, b) in enumerate(zip(mine, ref)):
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise ValueError(f"{op}: tensor {k} is {_describe(a)} on rank {ranks[i]} but {_describe(b)} on rank "
-                                 f"{ranks[ref_i]}: every rank must pass the same shapes and dtypes (gloo refuses "
-                                 "the call too)")
 
 
 class _Collected(list):
@@ -248,10 +216,10 @@ class InProcessWorld:
     def beat(self, rank: int) -> None:
         self.check(rank)
         self.beats[rank] = time.monotonic()
-        state = _global_rng_state()
+        state = global_rng_state()
         if self._rng is None:
             self._rng = state
-        elif not _same_rng(state, self._rng):
+        elif not same_rng(state, self._rng):
             raise GlobalRandomUsed(
                 f"rank {rank}: the process's global random generators (torch, numpy or random) were drawn from "
                 "during training (dropout, randperm or a draw without a generator of its own?); on launcher "
