@@ -39,7 +39,7 @@ FORMAT = 2
 READABLE_FORMATS = (1, 2)
 #: the run config's keys that are not part of its fingerprint: where it writes, its Spark session
 NOT_FINGERPRINTED = {"output_root", "spark"}
-CURVE_KEYS = ("split", "step", "epoch", "wall_s", "accuracy", "loss")
+CURVE_KEYS = ("split", "step", "epoch", "wall_s", "virtual_s", "accuracy", "loss")
 
 
 def records_root(records: Optional[str]) -> Optional[Path]:

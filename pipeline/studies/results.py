@@ -39,14 +39,33 @@ def val_records(curve: list[dict], split: str = "val") -> list[dict]:
     return [r for r in curve if r.get("split") == split and r.get("accuracy") is not None]
 
 
-def time_to_target(curve: list[dict], target: Optional[float], split: str = "val") -> tuple[float, float]:
-    """(training wall seconds, epochs) at the first ``split`` evaluation with accuracy >= target; NaN if never."""
+def time_to_target(curve: list[dict], target: Optional[float], split: str = "val",
+                   clock: str = "wall_s") -> tuple[float, float]:
+    """(seconds on ``clock``: training wall or ``virtual_s``, epochs) at the first ``split`` evaluation with
+    accuracy >= target; NaN if never."""
     if target is None:
         return NAN, NAN
     for r in val_records(curve, split):
         if r["accuracy"] >= target:
-            return _num(r.get("wall_s")), _num(r.get("epoch"))
+            return _num(r.get(clock)), _num(r.get("epoch"))
     return NAN, NAN
+
+
+def clock_metrics(summary: dict, curve: list[dict], target: Optional[float]) -> dict:
+    """The virtual-time columns of a run under the simulated clock (``summary["simulated_clock"]``);
+    NaN for a run without it."""
+    clock = summary.get("simulated_clock") or {}
+    vs = _num(clock.get("virtual_s"))
+    steps, samples = _num(summary.get("steps")), _num(summary.get("samples_processed"))
+    links = clock.get("bytes_per_link") or {}
+    return {
+        "virtual_s": vs,
+        "virtual_s_per_step": vs / steps if steps and not math.isnan(vs) else NAN,
+        "virtual_samples_per_s": samples / vs if vs and not math.isnan(vs) else NAN,
+        "virtual_time_to_target_s": time_to_target(curve, target, clock="virtual_s")[0] if clock else NAN,
+        "comm_share": _num(clock.get("comm_share")),
+        "inter_node_bytes": float(sum(v for k, v in links.items() if "->" in k)) if clock else NAN,
+    }
 
 
 def _macro_auc(auc: Any) -> float:
@@ -89,6 +108,7 @@ def run_metrics(train_dir: Path, target: Optional[float] = None) -> dict:
         "n_workers": int(summary.get("workers") or 0),
         "algorithm_name": str(summary.get("algorithm", "")),
     }
+    out.update(clock_metrics(summary, curve, target))
     for k, v in sorted((summary.get("auc") or {}).items()):
         out[f"test_auc_{k}"] = _num(v)
     return out

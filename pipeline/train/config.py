@@ -62,6 +62,17 @@ class TrackingConfig(BaseModel):
     experiment: Optional[str] = Field(None, description="MLflow experiment (default: train, or the study name)")
 
 
+def _read_profile(path: str) -> dict:
+    """``compute_step_s`` and ``compute_source`` of a compute-profile file (one line when it is not one)."""
+    from ..config import read_yaml
+
+    data = read_yaml(path)      # one line for a missing file, bad YAML or no mapping
+    if not isinstance(data.get("compute_step_s"), dict) or not str(data.get("compute_source") or "").strip():
+        raise ConfigError(f"cluster.compute_profile={path!r}: a compute profile needs compute_step_s (local batch: "
+                          "seconds) and compute_source")
+    return {"compute_step_s": data["compute_step_s"], "compute_source": data["compute_source"]}
+
+
 class ClusterConfig(BaseModel):
     """The cluster a run is costed on by the cost model (``pipeline.train.comm.costmodel``):
     nodes, ranks per node, and the latency and bandwidth of the links between and inside nodes, from a
@@ -91,6 +102,16 @@ class ClusterConfig(BaseModel):
                           "its local batch's time (linear between two given sizes) unless simulated_clock.step_s "
                           "is set")
     compute_source: Optional[str] = Field(None, description="where compute_step_s comes from (required with it)")
+    compute_profile: Optional[str] = Field(None, description="a YAML file of compute_step_s and compute_source (a "
+                                                             "measured profile, configs/clusters/profiles/); "
+                                                             "compute_step_s given here wins")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_file(cls, data):
+        if isinstance(data, dict) and data.get("compute_profile") and data.get("compute_step_s") is None:
+            data = {**data, **_read_profile(str(data["compute_profile"]))}
+        return data
 
     @property
     def enabled(self) -> bool:

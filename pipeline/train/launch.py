@@ -400,4 +400,7 @@ def _summary(cfg: TrainConfig, plan: dict, r0: dict, final: Location, ck, second
         "checkpoint": (str(r0["checkpoint"]) if r0.get("checkpoint") else None), "checkpoint_dir": str(ck),
         # what some algorithms add: rounds of round-driven runs, <name>_test_accuracy of extra evaluations
         **{k: v for k, v in r0.items() if k == "rounds" or k.endswith("_test_accuracy")},
+        # under the simulated clock: virtual seconds, communication share and bytes per link of the run
+        **({"simulated_clock": r0["ranks"][0]["simulated_clock"]}
+           if r0.get("ranks") and r0["ranks"][0].get("simulated_clock") else {}),
     }
