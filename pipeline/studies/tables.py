@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from .grid import REPO, _same
-from . import steps_to_result
+from . import steps_to_result, time_claims
 from .records import study_records
 from .verdicts import VerdictSpec, judge, render_verdict
 
@@ -385,7 +385,8 @@ def regenerate(page: Path = PAGE, root: Path = RESULTS) -> tuple[str, list[str]]
                     f"± one standard deviation over the seeds; stars: the source's values]({fig})\n" + m.group(5))
         return m.group(1) + render_verdict_region(study, root) + m.group(5)
 
-    return steps_to_result.regenerate(REGION.sub(sub, text), root, page), studies  # + results-steps regions
+    # + the results-steps and results-time regions
+    return time_claims.regenerate(steps_to_result.regenerate(REGION.sub(sub, text), root, page), root), studies
 
 
 def stale_figures(page: Path, root: Path, studies: list[str]) -> list[tuple[Path, dict]]:
