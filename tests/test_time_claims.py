@@ -132,7 +132,7 @@ def test_a_compute_profile_is_read_from_its_file_and_a_missing_one_is_named(tmp_
     f.write_text("compute_step_s: {8: 0.002, 64: 0.01}\ncompute_source: measured here\n")
     c = ClusterConfig(preset="gbe10", compute_profile=str(f))
     assert c.step_seconds(8) == 0.002 and c.compute_source == "measured here"
-    with pytest.raises(ConfigError, match="not found: .*nope.yaml"):
+    with pytest.raises(ConfigError, match="cluster.compute_profile=.*nope.yaml.*not found"):
         ClusterConfig(preset="gbe10", compute_profile=str(tmp_path / "nope.yaml"))
     f.write_text("compute_step_s: {8: 0.002}\n")
     with pytest.raises(ConfigError, match="p.yaml.*needs compute_step_s .* and compute_source"):

@@ -63,10 +63,14 @@ class TrackingConfig(BaseModel):
 
 
 def _read_profile(path: str) -> dict:
-    """``compute_step_s`` and ``compute_source`` of a compute-profile file (one line when it is not one)."""
+    """``compute_step_s`` and ``compute_source`` of a compute-profile file (one line naming the key and
+    the file when it is not one)."""
     from ..config import read_yaml
 
-    data = read_yaml(path)      # one line for a missing file, bad YAML or no mapping
+    try:
+        data = read_yaml(path)      # a missing file, bad YAML or no mapping
+    except ConfigError as e:
+        raise ConfigError(f"invalid config value cluster.compute_profile={path!r}: {e}") from None
     if not isinstance(data.get("compute_step_s"), dict) or not str(data.get("compute_source") or "").strip():
         raise ConfigError(f"cluster.compute_profile={path!r}: a compute profile needs compute_step_s (local batch: "
                           "seconds) and compute_source")
@@ -109,7 +113,8 @@ class ClusterConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _profile_file(cls, data):
-        if isinstance(data, dict) and data.get("compute_profile") and data.get("compute_step_s") is None:
+        if isinstance(data, dict) and isinstance(data.get("compute_profile"), str) and data["compute_profile"] \
+                and data.get("compute_step_s") is None:     # another type: the field's own check names it
             data = {**data, **_read_profile(str(data["compute_profile"]))}
         return data
 
