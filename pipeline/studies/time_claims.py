@@ -266,10 +266,9 @@ def _cell(spec: TimeSpec, records: list[dict], row: str, col: str) -> list[dict]
 
 def time_to(rec: dict, target: float) -> float:
     """Virtual seconds of the first validation of ``rec``'s curve at or above ``target``; NaN if none."""
-    for e in rec.get("curve", []):
-        if e.get("split") == "val" and e.get("accuracy") is not None and e["accuracy"] >= target - 1e-12:
-            return float(e["virtual_s"]) if isinstance(e.get("virtual_s"), (int, float)) else math.nan
-    return math.nan
+    from .results import time_to_target
+
+    return time_to_target(rec.get("curve", []), target, clock="virtual_s")[0]
 
 
 def _times(recs: list[dict], target: float) -> list[float]:
