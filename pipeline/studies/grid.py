@@ -43,6 +43,13 @@ def _same(a, b) -> bool:
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
 
+def factors_match(rec: dict, where: dict, any_of: Optional[dict] = None) -> bool:
+    """Whether a run record's factors hold every ``where`` value and one of each ``any_of`` list."""
+    f = rec.get("factors", {})
+    return all(k in f and _same(f[k], v) for k, v in where.items()) and \
+        all(k in f and any(_same(f[k], v) for v in vs) for k, vs in (any_of or {}).items())
+
+
 def digest(obj: Any, n: int = 10) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
 

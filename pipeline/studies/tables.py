@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
-from .grid import REPO, _same
+from .grid import REPO, _same, factors_match
 from . import steps_to_result, time_claims
 from .records import study_records
 from .verdicts import VerdictSpec, judge, render_verdict
@@ -86,12 +86,6 @@ def load_spec(study: str, root: Path = RESULTS) -> TableSpec:
         raise ConfigError(f"{f}: {' '.join(str(e).split())[:300]}") from None
 
 
-def _matches(rec: dict, where: dict, any_of: dict) -> bool:
-    f = rec.get("factors", {})
-    return all(k in f and _same(f[k], v) for k, v in where.items()) and \
-        all(k in f and any(_same(f[k], v) for v in vs) for k, vs in any_of.items())
-
-
 def _metric(records: list[dict], metric: str) -> list[float]:
     out = []
     for r in records:
@@ -104,7 +98,7 @@ def _metric(records: list[dict], metric: str) -> list[float]:
 def _chosen(records: list[dict], spec: "TableSpec", row: Line, col: Line) -> tuple[list[dict], str, bool]:
     """The records a table cell holds; with ``best_by``, those of the study cell chosen, its name, and
     whether it is the first or last of the grid the cell chooses from (its ``any_of`` order)."""
-    hits = [r for r in records if _matches(r, {**row.where, **col.where}, {**row.any_of, **col.any_of})]
+    hits = [r for r in records if factors_match(r, {**row.where, **col.where}, {**row.any_of, **col.any_of})]
     if not spec.best_by or not hits:
         return hits, "", False
     cells: dict[str, list[dict]] = {}

@@ -38,7 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import BadInputError, ConfigError
-from .grid import _same
+from .grid import factors_match
 from .records import study_records
 from .verdicts import Where
 
@@ -119,11 +119,6 @@ def load_spec(study: str, root: Path) -> TimeSpec:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _matches(rec: dict, where: dict) -> bool:
-    f = rec.get("factors", {})
-    return all(k in f and _same(f[k], v) for k, v in where.items())
-
-
 def _vals(records: list[dict], metric: str) -> list[float]:
     out = []
     for r in records:
@@ -183,7 +178,7 @@ def _workers(rec: dict) -> int:
 # ----------------------------------------------------------------------------- scaling
 def scaling_data(spec: TimeSpec, records: list[dict]) -> dict:
     """{"t1": seconds per batch at M = 1, "series": {label: {M: {"t": [...], "share": [...]}}}}."""
-    seq = [r for r in records if _matches(r, spec.sequential.where)]
+    seq = [r for r in records if factors_match(r, spec.sequential.where)]
     out: dict = {"t1": _mean(_vals(seq, "virtual_s_per_step")), "n1": len(seq), "series": {}}
     for s in spec.series:
         by_m: dict[int, dict] = {}
@@ -261,7 +256,7 @@ def _cell(spec: TimeSpec, records: list[dict], row: str, col: str) -> list[dict]
     c = next((x for x in spec.columns if x.label == col), None)
     if r is None or c is None:
         raise ConfigError(f"time claim: cell ({row!r}, {col!r}) is not in the table")
-    return [x for x in records if _matches(x, r.where) and _matches(x, c.where)]
+    return [x for x in records if factors_match(x, r.where) and factors_match(x, c.where)]
 
 
 def time_to(rec: dict, target: float) -> float:
