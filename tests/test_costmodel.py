@@ -141,6 +141,13 @@ def test_concurrent_flows_share_a_link_by_processor_sharing():
     assert fair_share_finish(1e6, 0.0, [(0, 1e6), (0, 2e6), (0, 3e6)]) == [approx(3.0), approx(5.0), approx(6.0)]
 
 
+def test_empty_flows_end_at_their_start_plus_the_latency():
+    """Zero-byte flows (a message with nothing left to send) are done when they start, alone or last."""
+    assert fair_share_finish(1e6, 0.1, [(0.0, 0.0), (0.5, 0.0)]) == [approx(0.1), approx(0.6)]
+    assert fair_share_finish(1e6, 0.0, [(0.0, 1e6), (2.0, 0.0)]) == [approx(1.0), approx(2.0)]
+    assert fair_share_finish(1e6, 0.0, []) == []
+
+
 # ---------------------------------------------------------------------- presets and validation
 def test_presets_are_valid_ordered_and_cite_their_sources():
     assert set(PRESETS) == {"gbe1", "gbe10", "ib100", "nvlink"}

@@ -423,7 +423,8 @@ def fair_share_finish(bytes_per_s: float, latency_s: float, flows: Sequence[tupl
             else:
                 active.add(i)
         if not active:
-            t = starts[k][0]
+            if k < len(starts):
+                t = starts[k][0]
             continue
         rate = beta / len(active)
         first_end = t + min(left[i] for i in active) / rate
