@@ -130,6 +130,19 @@ def test_a_bad_value_is_one_line_and_no_output(train_config, tmp_path, option, e
     assert not out.exists() and r.stdout == ""
 
 
+@pytest.mark.parametrize("text, says", [("preset: [gbe1\n", "is not valid YAML"),
+                                         ("- gbe1\n", "must hold a mapping at the top level")])
+def test_a_cluster_file_that_is_not_a_mapping_of_fields_is_one_line_naming_it(tmp_path, text, says):
+    from pipeline.errors import ConfigError
+    from pipeline.studies.whatif import cluster_fields
+
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        cluster_fields(str(bad), 4)
+    assert str(bad) in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+
+
 def test_the_documented_example_is_the_committed_run():
     """docs/training.md's example table shows results/whatif/hlf_gbe10/table.json's rows."""
     import re

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from ..config import StageConfig, load_config
+from ..config import StageConfig, load_config, read_yaml
 from ..errors import BadInputError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,7 @@ def cluster_fields(cluster: str, ranks_per_node: int) -> dict:
         p = Path(cluster)
         if not p.is_file():
             raise BadInputError(f"cluster {cluster!r}: neither a preset ({', '.join(PRESETS)}) nor a YAML file")
-        try:
-            fields = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise BadInputError(f"{cluster}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(fields, dict):
-            raise BadInputError(f"{cluster}: a mapping of cluster fields expected (preset, inter_bytes_per_s, ...)")
+        fields = read_yaml(p)      # one line for a file that is not YAML or not a mapping
         fields = fields.get("cluster", fields) if isinstance(fields.get("cluster"), dict) else fields
         if "nodes" in fields:
             raise ConfigError(f"{cluster}: cluster.nodes={fields['nodes']}: set by the worker count here "
