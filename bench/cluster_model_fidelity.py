@@ -10,7 +10,7 @@ own (``unshare -n``) whose loopback is shaped by a token bucket::
 (MTU 1500 as on Ethernet: with loopback's 65536-byte MTU a packet is larger than the 4 KB bucket and
 tbf drops it. ``netem`` is not in this kernel, so no latency is added: the modelled latency is 0.)
 
-**Measured**, from the run's own records: rank 0's validation record at step ``--steps``, written
+**Measured**, from the run's own records: rank 0's validation record at step ``--steps`` (``--hlf-steps``), written
 inside the training loop (the run goes on for one more round of 16 steps, so that record covers
 none of what a run does at its end, such as the final averaging of a run not in sync): the time per
 step (its ``samples_per_s``) and the communication on the training thread (its ``comm_fraction``:
@@ -28,22 +28,39 @@ algorithm's communication per step costs on the shaped link:
 * the namespace's loopback is ONE token bucket that every flow in either direction passes, so flows
   that run at once share it (``costmodel.fair_share_finish``). The cost model's ``Cluster`` shares an
   interface only among flows leaving (or entering) one node, so this medium is costed here by the
-  local function :func:`bucket_seconds` over the phases each operation runs as;
+  function ``fidelity_model.bucket_seconds`` over the phases each operation runs as;
 * AR-SGD: a ring allreduce of the gradients every step (2(M-1) phases, every rank sending n/M in
   each); local SGD (H = 8): a ring allreduce of the averaged tensors every H steps; SwarmSGD
   (H = 4, configs/train/swarm.yaml): an exchange with the partner every H steps, both directions
   at once; AD-PSGD (configs/train/adpsgd.yaml, rounds of 16 steps): averaging runs on a
   communication thread, wait-free for the computation, at most one started per step (one request,
   then one reply), and at a round's end the training thread waits for the averaging in flight
-  (:func:`adpsgd_round`); the table also gives its averagings per step, predicted and measured
+  (``fidelity_model.adpsgd_round``); the table also gives its averagings per step, predicted and measured
   (the record's ``averaging_rate``).
 
 **Baseline** (``--baseline unshaped``, the default): each case also runs once per repetition on the same
-loopback before it is shaped (the namespace's MTU 1500, no qdisc), and the prediction is that run's
-measured step (compute, the training loop's own work, and each operation's fixed cost on this machine:
-measured, as the compute profile is) plus what the shaped link adds: the model's communication at the
-shaped rate less its communication at ``--unshaped-rate``. ``--baseline profile`` predicts from the compute
-profile and the modelled communication alone (no fixed cost per operation).
+loopback before it is shaped (the namespace's MTU 1500, no qdisc). The prediction is that run's measured
+step less its measured communication (compute and the training loop's own work on this machine, measured
+as the compute profile is), plus the communication on the shaped link (``--overlap``):
+
+* ``split`` (the default): the baseline's communication per operation is split into a part that grows
+  with the bytes (copies through the kernel, the reduction: work the slow link does not hide), added to
+  the modelled transfer, and the rest (the waits for the partner and for threads to wake), which passes
+  while the bytes cross the slow link, so only the longer of it and the transfer counts. The per-byte
+  part is measured, not fitted to the shaped runs: the difference of the two models' unshaped
+  communication per operation (same algorithm) over the difference of their bytes
+  (``fidelity_model.per_byte_cost``; with one model it is 0, the ``max`` rule);
+* ``max``: the longer of the baseline's whole communication and the modelled transfer;
+* ``add``: the baseline's step plus what the shaped link adds (the modelled communication at the
+  shaped rate less that at ``--unshaped-rate``).
+
+``--burst`` also costs the bucket's depth: tbf gathers tokens at its rate while the link is idle, up to
+4,096 bytes, and sends that much at once, so each operation would start with the tokens of the compute
+since the last one (``fidelity_model.bucket_credit``). It is off by default: the measured operations do
+not get it consistently (SwarmSGD's one exchange does, the ring's two phases and HLF's allreduce at 100
+Mbit/s do not), see docs/benchmarks.md. The table's last line counts the in-scope cases within the
+target under every rule on the same runs. ``--baseline profile`` predicts from the compute profile and
+the modelled communication alone (no fixed cost per operation).
 
 Target: each predicted time per step within 15 % of the measured median wherever communication is
 at least 30 % of the measured step. Every case is printed, inside the target or not.
@@ -54,7 +71,7 @@ depends on shapes, not values). Shaping needs root, ``unshare`` and ``tc``; ``--
 same cases on the unshaped loopback (no namespace), with the prediction at ``--unshaped-rate``.
 
     .venv/bin/python bench/cluster_model_fidelity.py [--rates 10,100,1000] [--algorithms arsgd,local_sgd,swarm,adpsgd]
-        [--models lenet5,hlf] [--repeats 2] [--steps 32] [--batch-size 32]
+        [--models lenet5,hlf] [--repeats 2] [--steps 32] [--hlf-steps 512] [--batch-size 32]
 """
 from __future__ import annotations
 
@@ -74,96 +91,10 @@ for _p in (REPO, REPO / "bench"):     # the pipeline, and fidelity_data beside t
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-WORLD = 2
-TARGET = 0.15          # |predicted / measured - 1| at most this ...
-COMM_SCOPE = 0.30      # ... wherever communication is at least this share of the measured step
-#: TCP payload per byte the token bucket counts at MTU 1500: 1500 - 20 (IP) - 20 (TCP) - 12 (timestamps)
-#: = 1448 payload bytes per 1514-byte frame (the 14-byte Ethernet header that loopback also carries)
-PAYLOAD_SHARE = 1448 / 1514
-BURST = "32kbit"
-ROUND = 16             # AD-PSGD's round_steps; --steps is a multiple of it (and of H = 8 and SwarmSGD's 4)
+from fidelity_model import (ALGORITHMS, COMM_SCOPE, MODELS, PAYLOAD_SHARE, ROUND, TARGET, WORLD,  # noqa: E402
+                            baselines, calibrated, model_bytes, per_byte_cost, predicted_comm, rule_counts)
 
-#: algorithm -> (training config's algorithm section, optimizer settings are per model)
-ALGORITHMS = {
-    "arsgd": {"name": "arsgd"},
-    "local_sgd": {"name": "local_sgd", "params": {"period": 8}},
-    "swarm": {"name": "swarm", "params": {"local_steps": 4, "schedule": "fixed", "topology": "ring",
-                                          "weighting": "equal"}},
-    "adpsgd": {"name": "adpsgd", "params": {"pace": "step", "round_steps": ROUND, "timeout_s": 60}},
-}
-#: model -> its optimizer and rate (configs/train/lenet5.yaml, configs/train/hlf.yaml)
-MODELS = {"lenet5": {"optimizer": "sgd", "lr": 0.02}, "hlf": {"optimizer": "adam", "lr": 0.001}}
-
-
-# ----------------------------------------------------------------------------- the model side
-def bucket_seconds(phases: list[list[float]], bytes_per_s: float, latency_s: float = 0.0) -> float:
-    """Seconds of an operation that runs as ``phases`` one after another, each a list of flows (bytes)
-    that start together on ONE token bucket shared by every flow in both directions (the shaped
-    loopback): a phase lasts until its last flow is done (``costmodel.fair_share_finish``)."""
-    from pipeline.train.comm.costmodel import fair_share_finish
-
-    return sum(max(fair_share_finish(bytes_per_s, latency_s, [(0.0, float(b)) for b in ph])) for ph in phases if ph)
-
-
-def ring_phases(nbytes: float, m: int = WORLD) -> list[list[float]]:
-    """A ring allreduce of ``nbytes`` per rank (costmodel's ring, gloo's ``ring()``): 2(M-1) steps in
-    which every rank sends n/M to its neighbour."""
-    return [[nbytes / m] * m for _ in range(2 * (m - 1))]
-
-
-def model_bytes(model_name: str, num_classes: int, shape: dict) -> dict:
-    """Payload bytes: the gradients (AR-SGD) and the tensors parameter averaging moves (the
-    parameters and BatchNorm buffers, ``policy`` defaults: batchnorm average, momentum local)."""
-    from pipeline.train.algorithms.averaging import bn_buffers
-    from pipeline.train.models import build_model
-
-    m = build_model(model_name, num_classes, shape)
-    params = sum(p.numel() * p.element_size() for p in m.parameters())
-    return {"grads": params, "averaged": params + sum(t.numel() * t.element_size() for t in bn_buffers(m))}
-
-
-def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float,
-                   latency_s: float = 0.0) -> tuple[float, float]:
-    """(communication seconds per step on the training thread, AD-PSGD's averagings per step or nan)."""
-    params = ALGORITHMS[algo].get("params", {})
-    if algo == "arsgd":
-        return bucket_seconds(ring_phases(nbytes["grads"]), bytes_per_s, latency_s), float("nan")
-    if algo == "local_sgd":
-        return bucket_seconds(ring_phases(nbytes["averaged"]), bytes_per_s, latency_s) / params["period"], float("nan")
-    if algo == "swarm":
-        n = nbytes["averaged"]
-        return bucket_seconds([[n, n]], bytes_per_s, latency_s) / params["local_steps"], float("nan")
-    if algo == "adpsgd":    # REQ + 32-byte header + s_i one way, then s_j back, on the communication thread
-        n = nbytes["averaged"]
-        return adpsgd_round(compute_s, bucket_seconds([[n + 32], [n]], bytes_per_s, latency_s), params["round_steps"])
-    raise ValueError(f"unknown algorithm {algo!r}")
-
-
-def calibrated(algo: str, nbytes: dict, base_step_s: float, base_comm_s: float, bytes_per_s: float,
-               base_bytes_per_s: float, latency_s: float = 0.0) -> float:
-    """The predicted time per step from the unshaped baseline: its measured step (compute, the loop's own
-    work and every operation's fixed cost on this machine, measured as the compute profile is) plus what
-    the shaped link's bandwidth adds, the model's communication at ``bytes_per_s`` less its communication
-    at the baseline's rate ``base_bytes_per_s``. AD-PSGD: the baseline's step without its waits, and the
-    wait at the round ends that the model predicts with the shaped exchange."""
-    if algo == "adpsgd":
-        step = base_step_s - base_comm_s
-        return step + predicted_comm(algo, nbytes, step, bytes_per_s, latency_s)[0]
-    added = (predicted_comm(algo, nbytes, 0.0, bytes_per_s, latency_s)[0]
-             - predicted_comm(algo, nbytes, 0.0, base_bytes_per_s, latency_s)[0])
-    return base_step_s + added
-
-
-def adpsgd_round(step_s: float, exchange_s: float, round_steps: int) -> tuple[float, float]:
-    """AD-PSGD (pace ``step``) in one round of ``round_steps`` steps of ``step_s``: the active starts an
-    averaging at a step boundary when none is in flight (at most one per step); at the round's end
-    the training thread waits for the averaging in flight. Returns (that wait per step, averagings
-    per step)."""
-    free, started = 0.0, 0
-    for k in range(round_steps):
-        if free <= k * step_s:
-            free, started = k * step_s + exchange_s, started + 1
-    return max(0.0, free - round_steps * step_s) / round_steps, started / round_steps
+BURST = "32kbit"      # the bucket's depth as tc takes it (fidelity_model.BURST_BYTES)
 
 
 def compute_profile(model_name: str, batch: int, warmup: int, repeats: int):
@@ -294,7 +225,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=lambda s: _csv(s, MODELS), default=list(MODELS),
                    help=f"comma-separated, of {','.join(MODELS)} (default all)")
     p.add_argument("--repeats", type=int, default=2, help="runs per case; the table shows their median (default 2)")
-    p.add_argument("--steps", type=int, default=32, help="measured steps per run, a multiple of 16 (default 32)")
+    p.add_argument("--steps", type=int, default=32,
+                   help="measured steps per LeNet-5 run, a multiple of 16 (default 32)")
+    p.add_argument("--hlf-steps", type=int, default=512,
+                   help="measured steps per HLF run, a multiple of 16 (default 512: its steps take 1-15 ms, and a "
+                        "run's one-off costs and the machine's hiccups must not be a visible share of them)")
     p.add_argument("--batch-size", type=int, default=32, help="local batch per worker (default 32)")
     p.add_argument("--hlf-manifest", default=None,
                    help="HLF shards of 2 workers (runs/hep/shards/manifest.json after `make run`); "
@@ -310,6 +245,12 @@ def parser() -> argparse.ArgumentParser:
                    help="unshaped (default): predict from a run of each case on the same loopback unshaped "
                         "(its measured step plus what the shaped link adds); profile: from the compute profile "
                         "plus the modelled communication")
+    p.add_argument("--overlap", choices=("split", "max", "add"), default="split",
+                   help="split (default): the baseline's per-byte communication adds to the shaped transfer, the "
+                        "rest overlaps it; max: the longer of the baseline's communication and the transfer; add: "
+                        "the shaped link's extra time adds to the baseline's step")
+    p.add_argument("--burst", action=argparse.BooleanOptionalAction, default=False,
+                   help="cost the bucket's tokens gathered while the link was idle (default off)")
     p.add_argument("--profile-repeats", type=int, default=20, help="timed steps of the compute profile (default 20)")
     p.add_argument("--json", default=None, help="also write every case's figures to this file")
     p.add_argument("--inner", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -328,14 +269,15 @@ def main(argv=None) -> int:
     if not a.latency_us >= 0:
         print(f"--latency-us={a.latency_us}: must be >= 0", file=sys.stderr)
         return 2
-    for name in ("repeats", "steps", "batch_size", "profile_repeats"):
+    for name in ("repeats", "steps", "hlf_steps", "batch_size", "profile_repeats"):
         if getattr(a, name) < 1:
             print(f"--{name.replace('_', '-')}={getattr(a, name)}: must be >= 1", file=sys.stderr)
             return 2
-    if a.steps % ROUND:
-        print(f"--steps={a.steps}: must be a multiple of {ROUND} (AD-PSGD's round, local SGD's H = 8, "
-              f"SwarmSGD's H = 4)", file=sys.stderr)
-        return 2
+    for name in ("steps", "hlf_steps"):
+        if getattr(a, name) % ROUND:
+            print(f"--{name.replace('_', '-')}={getattr(a, name)}: must be a multiple of {ROUND} (AD-PSGD's round, "
+                  f"local SGD's H = 8, SwarmSGD's H = 4)", file=sys.stderr)
+            return 2
     if a.hlf_manifest and not Path(a.hlf_manifest).is_file():
         print(f"--hlf-manifest {a.hlf_manifest}: no such file", file=sys.stderr)
         return 2
@@ -366,7 +308,7 @@ def _run(a, root: Path, load0) -> int:
     nbytes = {m: model_bytes(m, 10 if m == "lenet5" else 3, {}) for m in a.models}
     rates = [a.unshaped_rate] if a.unshaped else a.rates
     cases = [{"key": f"r{rep}_{rate:g}_{m}_{al}", "rate": rate, "model": m, "algorithm": al, "rep": rep,
-              "manifest": manifests[m], "batch": a.batch_size, "steps": a.steps}
+              "manifest": manifests[m], "batch": a.batch_size, "steps": a.hlf_steps if m == "hlf" else a.steps}
              for rep in range(a.repeats) for rate in rates for m in a.models for al in a.algorithms]
     spec, out = root / "spec.json", root / "results.json"
     base_cases = [{**c, "key": f"base_r{c['rep']}_{c['model']}_{c['algorithm']}", "rate": "base"}
@@ -374,7 +316,7 @@ def _run(a, root: Path, load0) -> int:
     spec.write_text(json.dumps({"shaped": not a.unshaped, "root": str(root), "cases": cases,
                                 "base_cases": base_cases}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", str(spec), str(out)]
-    print(f"{len(base_cases) + len(cases)} real runs (M = {WORLD}, local launcher, {a.steps} steps, local batch "
+    print(f"{len(base_cases) + len(cases)} real runs (M = {WORLD}, local launcher, {a.steps} steps (HLF: {a.hlf_steps}), local batch "
           f"{a.batch_size}; {len(base_cases)} of them the unshaped baseline), "
           f"{'unshaped loopback' if a.unshaped else 'shaped loopback in a network namespace'}", flush=True)
     r = subprocess.run(cmd if a.unshaped else ["unshare", "-n", *cmd], cwd=REPO)
@@ -393,13 +335,14 @@ def _run(a, root: Path, load0) -> int:
                 mine = [x for x in results if x["rate"] == rate and x["model"] == m and x["algorithm"] == al]
                 step, spread = _med_spread([x["step_s"] for x in mine])
                 comm = statistics.median(x["comm_s"] for x in mine)
-                comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps, a.latency_us * 1e-6)
+                comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps, a.latency_us * 1e-6, a.burst)
                 pred = compute + comm_pred
                 base = [x for x in results if x["rate"] == "base" and x["model"] == m and x["algorithm"] == al]
                 if base:    # the baseline's measured step plus what the shaped link adds to it
-                    pred = calibrated(al, nbytes[m], statistics.median(x["step_s"] for x in base),
-                                      statistics.median(x["comm_s"] for x in base), bps,
-                                      a.unshaped_rate * 1e6 / 8 * PAYLOAD_SHARE, a.latency_us * 1e-6)
+                    bases = baselines(results, al)
+                    pred = calibrated(al, nbytes[m], *bases[m], bps, a.unshaped_rate * 1e6 / 8 * PAYLOAD_SHARE,
+                                      a.latency_us * 1e-6, a.overlap, a.burst,
+                                      per_byte_cost(al, {k: v[1] for k, v in bases.items()}, nbytes))
                 share = comm / step if step > 0 else 0.0
                 ratio = pred / step if step > 0 else float("nan")
                 if al == "adpsgd":
@@ -418,7 +361,8 @@ def _run(a, root: Path, load0) -> int:
               f"payload {nbytes[m]['grads']:,} B gradients, {nbytes[m]['averaged']:,} B averaged")
     print(f"link: rate x {PAYLOAD_SHARE:.4f} (TCP payload at MTU 1500), latency {a.latency_us:g} us; median of {a.repeats} run(s), "
           f"spread = (max - min) / median")
-    print("prediction: " + ("the unshaped baseline's measured step plus what the shaped link adds (--baseline unshaped)"
+    print("prediction: " + (f"the unshaped baseline's measured step and communication with the shaped link's transfer "
+                             f"(--baseline unshaped --overlap {a.overlap}{' --burst' if a.burst else ''})"
                             if any(x["rate"] == "base" for x in results) else
                             "the compute profile plus the modelled communication (--baseline profile)"))
     hdr = (f"{'Mbit/s':>7s} {'model':6s} {'algorithm':9s} {'meas ms':>8s} {'spread':>6s} {'comm ms':>8s} "
@@ -432,6 +376,10 @@ def _run(a, root: Path, load0) -> int:
     print(f"\n{sum(r[10] == 'ok' for r in scoped)} of {len(scoped)} cases with communication >= 30 % of the step "
           f"are within {TARGET:.0%}; {len(rows) - len(scoped)} below the scope; "
           f"{time.perf_counter() - t_start:.0f} s")
+    if any(x["rate"] == "base" for x in results):
+        counts = rule_counts(results, nbytes, a.unshaped_rate * 1e6 / 8 * PAYLOAD_SHARE, a.latency_us * 1e-6)
+        print("every rule on these runs (in scope within the target): " + "; ".join(
+            f"--overlap {o}{' --burst' if bu else ''} {k} of {n}" for (o, bu), (k, n) in counts.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"load_before": load0, "load_after": load1, "cases": results,
                                             "rows": [dict(zip(("rate", "model", "algorithm", "step_s", "spread",

@@ -18,11 +18,20 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "cluster_model_fidelity.py"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("cluster_model_fidelity", SCRIPT)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _bench():
+    return _load("cluster_model_fidelity", SCRIPT)
+
+
+def _model():
+    """The bench's model side (bench/fidelity_model.py)."""
+    return _load("fidelity_model", REPO / "bench" / "fidelity_model.py")
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -60,7 +69,7 @@ def test_one_bucket_for_both_directions_is_the_ring_at_half_the_rate():
     model's ring allreduce over a link of half the rate (its own formula, 2(M-1)/M n / beta)."""
     from pipeline.train.comm.costmodel import Cluster, Link
 
-    b = _bench()
+    b = _model()
     rate, n = 1.25e6, 246_824.0
     half = Cluster(nodes=2, ranks_per_node=1, inter=Link(0.0, rate / 2), intra=Link(0.0, rate))
     assert b.bucket_seconds(b.ring_phases(n), rate) == pytest.approx(half.ring_allreduce([0, 1], n).seconds, rel=1e-9)
@@ -72,7 +81,7 @@ def test_one_bucket_for_both_directions_is_the_ring_at_half_the_rate():
 
 
 def test_the_predicted_communication_per_step_of_each_algorithm():
-    b = _bench()
+    b = _model()
     rate, nb = 1e6, {"grads": 1000.0, "averaged": 1200.0}
     assert b.predicted_comm("arsgd", nb, 0.01, rate)[0] == pytest.approx(2 * 1000 / rate)
     assert b.predicted_comm("local_sgd", nb, 0.01, rate)[0] == pytest.approx(2 * 1200 / rate / 8)
@@ -86,9 +95,90 @@ def test_adpsgd_waits_at_the_round_end_for_the_averaging_in_flight():
     """Steps of 1 s, averagings of 2.5 s, rounds of 4 steps: averagings start at 0 and 3 (at most one per
     step boundary, none while one is in flight), the second ends at 5.5, 1.5 s after the round's last
     step: 0.375 s of waiting and 0.5 averagings per step. Fast averagings: one per step, no wait."""
-    b = _bench()
+    b = _model()
     assert b.adpsgd_round(1.0, 2.5, 4) == (pytest.approx(0.375), pytest.approx(0.5))
     assert b.adpsgd_round(1.0, 0.1, 4) == (0.0, 1.0)
+
+
+def test_the_bucket_holds_what_it_gathered_while_idle_up_to_its_depth_and_sends_that_at_once():
+    """tbf refills at its rate while the link is idle, up to its depth (4,096 bytes on the wire, 4,096 x
+    1448/1514 of payload); those bytes pass at once, the rest at the rate, shared by the flows."""
+    b = _model()
+    depth = 4096 * 1448 / 1514
+    assert b.bucket_credit(1e6, 0.001) == pytest.approx(1000.0)
+    assert b.bucket_credit(1e6, 1.0) == pytest.approx(depth)
+    assert b.bucket_credit(1e6, -1.0) == 0.0
+    n, rate = 8000.0, 1e6
+    assert b.bucket_seconds([[n, n]], rate, credit=3000.0) == pytest.approx((2 * n - 3000) / rate)
+    # a credit larger than the first phase: that phase takes no time, the rest comes off the second
+    assert b.bucket_seconds([[n / 2, n / 2], [n / 2, n / 2]], rate, credit=n + 1000) == pytest.approx((n - 1000) / rate)
+    # unequal flows: the credit is taken in equal parts, a flow never below zero
+    assert b.bucket_seconds([[100.0, 5000.0]], rate, credit=1000.0) == pytest.approx(4100 / rate)
+
+
+def test_with_the_burst_each_operation_starts_with_the_tokens_of_the_compute_before_it():
+    """AR-SGD: the compute of one step refills the bucket; local SGD (H = 8): eight steps' compute."""
+    b = _model()
+    rate, nb = 1e6, {"grads": 8000.0, "averaged": 8000.0}
+    assert b.predicted_comm("arsgd", nb, 0.001, rate, burst=True)[0] == pytest.approx((16000 - 1000) / rate)
+    depth = 4096 * 1448 / 1514
+    assert b.predicted_comm("local_sgd", nb, 0.001, rate, burst=True)[0] == pytest.approx((16000 - depth) / rate / 8)
+
+
+def test_overlap_max_takes_the_longer_of_the_measured_communication_and_the_shaped_transfer():
+    """The unshaped step 2 ms with 1.3 ms of communication: a shaped transfer of 1.6 ms gives 0.7 + 1.6 ms
+    (``add`` would give 2 + 1.6 - the transfer at the fast rate); a transfer of 0.16 ms is hidden by the
+    measured 1.3 ms: the unshaped step."""
+    b = _model()
+    nb = {"grads": 800.0, "averaged": 800.0}
+    assert b.calibrated("arsgd", nb, 0.002, 0.0013, 1e6, 1e9, overlap="max") == pytest.approx(0.0007 + 0.0016)
+    assert b.calibrated("arsgd", nb, 0.002, 0.0013, 1e7, 1e9, overlap="max") == pytest.approx(0.002)
+    assert b.calibrated("arsgd", nb, 0.002, 0.0013, 1e6, 1e9, overlap="add") == pytest.approx(0.002 + 0.0016 - 1.6e-6)
+    with pytest.raises(ValueError, match="overlap='sum'"):
+        b.calibrated("arsgd", nb, 0.002, 0.0013, 1e6, 1e9, overlap="sum")
+
+
+def test_split_adds_the_per_byte_part_of_the_measured_communication_and_hides_the_rest():
+    """AR-SGD, 100,000 B of gradients, unshaped step 5 ms with 2 ms of communication, 10 ns a byte of it
+    grows with the bytes (1 ms): the other 1 ms is hidden by a 4 ms transfer, the 1 ms is not: 3 + 1 + 4 ms.
+    Local SGD (H = 8): the same per operation, spread over its 8 steps."""
+    b = _model()
+    nb = {"grads": 100_000.0, "averaged": 100_000.0}
+    rate = 2 * 100_000 / 0.004                      # the ring puts 2n through the bucket: 4 ms
+    assert b.calibrated("arsgd", nb, 0.005, 0.002, rate, 1e12, overlap="split", per_byte_s=1e-8) == pytest.approx(0.008)
+    assert b.calibrated("arsgd", nb, 0.005, 0.002, rate, 1e12, overlap="max") == pytest.approx(0.007)
+    # with no per-byte part, split is max; a per-byte part larger than the measured communication is capped by it
+    assert b.calibrated("arsgd", nb, 0.005, 0.002, rate, 1e12, overlap="split") == pytest.approx(0.007)
+    assert b.calibrated("arsgd", nb, 0.005, 0.002, rate, 1e12, overlap="split", per_byte_s=1e-6) == pytest.approx(0.009)
+    # local SGD: 0.25 ms of communication a step = 2 ms an operation, 1 ms of it per-byte, the transfer 4 ms
+    assert b.calibrated("local_sgd", nb, 0.001, 0.00025, rate, 1e12, overlap="split", per_byte_s=1e-8) == \
+        pytest.approx(0.00075 + (0.001 + 0.004) / 8)
+
+
+def test_the_per_byte_cost_comes_from_two_models_baselines_of_the_same_algorithm():
+    """Per operation: LeNet-5's 246,824 B took 2.3 ms, HLF's 8,052 B 1.1 ms: 1.2 ms over 238,772 B. For local
+    SGD the per-step communication is multiplied by its H = 8 first. One model, or AD-PSGD: 0."""
+    b = _model()
+    nb = {"lenet5": {"grads": 246_824, "averaged": 246_824}, "hlf": {"grads": 8_052, "averaged": 8_052}}
+    assert b.per_byte_cost("arsgd", {"lenet5": 0.0023, "hlf": 0.0011}, nb) == pytest.approx(0.0012 / 238_772)
+    assert b.per_byte_cost("local_sgd", {"lenet5": 0.0023 / 8, "hlf": 0.0011 / 8}, nb) == pytest.approx(0.0012 / 238_772)
+    assert b.per_byte_cost("arsgd", {"hlf": 0.0011}, nb) == 0.0
+    assert b.per_byte_cost("arsgd", {"lenet5": 0.0010, "hlf": 0.0011}, nb) == 0.0
+    assert b.per_byte_cost("adpsgd", {"lenet5": 0.0023, "hlf": 0.0011}, nb) == 0.0
+
+
+def test_every_rule_is_counted_on_the_same_runs_and_scope():
+    """Two shaped cases and their baselines: one in scope (communication 60 % of the step), one below."""
+    b = _model()
+    nb = {"hlf": {"grads": 800.0, "averaged": 800.0}}
+    runs = [{"rate": 8.0, "model": "hlf", "algorithm": "arsgd", "step_s": 0.0023, "comm_s": 0.0014},
+            {"rate": "base", "model": "hlf", "algorithm": "arsgd", "step_s": 0.002, "comm_s": 0.0013},
+            {"rate": 8.0, "model": "hlf", "algorithm": "swarm", "step_s": 0.002, "comm_s": 0.0001},
+            {"rate": "base", "model": "hlf", "algorithm": "swarm", "step_s": 0.002, "comm_s": 0.0001}]
+    counts = b.rule_counts(runs, nb, 1e9)
+    # max: 0.7 ms + 1.6 ms / 0.956 (the payload share) = 2.37 ms against 2.3: within; add: 3.67 ms: not
+    assert counts[("max", False)] == (1, 1) and counts[("add", False)] == (0, 1)
+    assert counts[("split", False)] == counts[("max", False)]    # one model: no per-byte part
 
 
 def _shaping_missing() -> str | None:
@@ -104,7 +194,7 @@ def test_the_baseline_prediction_is_the_unshaped_step_plus_what_the_slower_link_
     """AR-SGD at M = 2 on 8,000 B of gradients: a ring of 2 phases, each 2 x 4,000 B through the one
     bucket, is 0.016 s at 1 MB/s and 0.000016 s at 1 GB/s; the prediction adds the difference to the
     measured unshaped step. AD-PSGD: the unshaped step without its waits, plus the modelled wait."""
-    b = _bench()
+    b = _model()
     nbytes = {"grads": 8000, "averaged": 8000}
     assert b.calibrated("arsgd", nbytes, 0.002, 0.0005, 1e6, 1e9) == pytest.approx(0.002 + 0.016 - 0.000016)
     step = 0.002 - 0.0004
@@ -120,7 +210,7 @@ def test_the_smallest_shaped_case_prints_its_pair_ratio_and_the_load(tmp_path):
     cheaper while it is a real run."""
     why = _shaping_missing()
     assert not why, f"the fidelity bench needs a shaped link (root, unshare, tc and ip of iproute2): {why}"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--rates", "100", "--models", "hlf", "--algorithms", "arsgd",
+    r = subprocess.run([sys.executable, str(SCRIPT), "--rates", "100", "--models", "hlf", "--algorithms", "arsgd", "--hlf-steps", "16",
                         "--repeats", "1", "--steps", "16", "--profile-repeats", "5",
                         "--json", str(tmp_path / "out.json")],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -130,6 +220,12 @@ def test_the_smallest_shaped_case_prints_its_pair_ratio_and_the_load(tmp_path):
     assert row, r.stdout
     meas, comm, pred_comm, pred, ratio = map(float, row.groups())
     assert meas > 0 and pred > 0 and ratio == pytest.approx(pred / meas, abs=2e-3)
-    # 8,052 B of gradients through a 100 Mbit/s bucket, both directions: 2 x 8052 / (12.5e6 x 1448/1514) s
-    assert pred_comm == pytest.approx(2 * 8052 / (12.5e6 * 1448 / 1514) * 1e3, abs=0.01)
+    # 8,052 B of gradients through a 100 Mbit/s bucket, both directions, less the tokens the bucket gathered
+    # during a step's compute (the profile's), at most its 4,096 bytes: (2 x 8052 - credit) / (12.5e6 x 1448/1514) s
+    compute_ms = float(re.search(r"^compute profile hlf: ([\d.]+) ms/step", r.stdout, re.M).group(1))
+    bps = 12.5e6 * 1448 / 1514
+    credit = min(4096 * 1448 / 1514, bps * compute_ms * 1e-3)
+    assert pred_comm == pytest.approx((2 * 8052 - credit) / bps * 1e3, abs=0.01)
+    assert re.search(r"^every rule on these runs \(in scope within the target\): --overlap add --no-burst \d of \d;",
+                     r.stdout, re.M), r.stdout
     assert (tmp_path / "out.json").is_file()
