@@ -57,6 +57,17 @@ def test_runs_at_chance_are_counted_and_never_averaged_into_a_test():
     assert r["collapsed"] == (1, 0) and r["diff"] == pytest.approx(np.mean([88.0, 88.4, 88.2]) - np.mean(base))
 
 
+def test_cells_not_run_or_with_one_run_say_so_not_runs_at_chance():
+    from pipeline.studies.verdicts import _reason
+
+    r = judge([], [], _cmp("effect", -1.5), chance_below=20)
+    assert r["verdict"] == UNRESOLVED and _reason(r) == "not resolvable (not run yet)"
+    r = judge([88.0], [90.0, 90.4], _cmp("effect", -1.5), chance_below=20)
+    assert _reason(r) == "not resolvable (fewer than 2 runs in a cell: 1 and 2)"
+    r = judge([10.0, 88.0], [90.0, 90.4], _cmp("effect", -1.5), chance_below=20)
+    assert _reason(r) == "not resolvable (1 of 2 and 0 of 2 runs at chance)"
+
+
 def test_the_power_is_the_rejection_rate_of_the_test_at_the_source_effect():
     """The power judge() states is what repeated experiments at our spreads and sizes would give: the
     share of 20,000 simulated pairs whose one-tailed Welch test rejects at 0.05."""

@@ -96,7 +96,12 @@ def judge(a: list[float], b: list[float], c: Comparison, chance_below: Optional[
                            "diff": math.nan, "bound": math.nan, "p": math.nan, "p_opposite": math.nan,
                            "power": math.nan, "verdict": UNRESOLVED, "why": ""}
     if len(keep_a) < 2 or len(keep_b) < 2:
-        out["why"] = "runs at chance"
+        if not a or not b:
+            out["why"] = "not run yet"
+        elif keep_a == a and keep_b == b:
+            out["why"] = f"fewer than 2 runs in a cell: {len(a)} and {len(b)}"
+        else:
+            out["why"] = "runs at chance"
         return out
     d, _, _ = welch_parts(keep_a, keep_b)
     out.update(diff=d, p=welch_test(keep_a, keep_b, alt), power=welch_power(c.source_effect, keep_a, keep_b, alt))
