@@ -68,6 +68,19 @@ def test_cells_not_run_or_with_one_run_say_so_not_runs_at_chance():
     assert _reason(r) == "not resolvable (1 of 2 and 0 of 2 runs at chance)"
 
 
+def test_an_unresolved_direction_claim_says_whether_the_interval_holds_the_source_effect():
+    """A direction claim with p >= 0.05 and power >= 0.8: the reason names what the interval holds. Here the
+    one-sided upper bound is about +0.17 p.p.: the source's +0.20 is outside it, its +0.10 inside."""
+    from pipeline.studies.verdicts import _reason
+
+    a, b = [94.60, 94.70, 94.68], [94.55, 94.72, 94.62]
+    out = judge(a, b, _cmp("direction", 0.20))
+    assert out["verdict"] == UNRESOLVED and out["bound"] < 0.20 and out["power"] >= 0.8
+    assert "outside our interval" in _reason(out) and "holds the source's effect" not in _reason(out)
+    inside = dict(out, bound=0.25)         # the same result with a wider interval: +0.20 inside it
+    assert "the interval holds the source's effect" in _reason(inside)
+
+
 def test_the_power_is_the_rejection_rate_of_the_test_at_the_source_effect():
     """The power judge() states is what repeated experiments at our spreads and sizes would give: the
     share of 20,000 simulated pairs whose one-tailed Welch test rejects at 0.05."""
@@ -122,6 +135,35 @@ def test_the_page_verdicts_are_the_rule_applied_to_the_records():
 
     for name, row in _verdict_rows("llf_gru_table_4_3").items():
         assert row[-1].startswith("not resolvable (not converged"), name
+
+
+def test_the_prose_after_the_verdicts_quotes_the_records():
+    """E3.2.1 with BatchNorm: the baseline and the two losses; Table 4.2 to convergence: AR-SGD's best
+    validation and where it falls, and the range of the other cells' best."""
+    text = (REPO / "docs" / "results.md").read_text()
+    base, h4, h8 = (_vals("e3_2_1_households_bn", variant=v) for v in ("arsgd", "H4_LW128", "H8_LW128"))
+    sec = text[text.index("#### E3.2.1 with BatchNorm"):text.index("### E3.2.4")]
+    sec = sec[sec.index("<!-- /results-verdict -->"):]
+    assert f"({np.mean(base):.2f} ± {np.std(base, ddof=1):.2f} against 91.52" in sec
+    assert f"{np.mean(base) - np.mean(h4):.2f} p.p. at H = 4" in sec
+    assert f"{np.mean(base) - np.mean(h8):.2f} p.p. at H = 8" in sec
+
+    best, final, steps = {}, {}, {}
+    for f in sorted((REPO / "results" / "hlf_table_4_2_converged").glob("*/seed_*.json")):
+        rec = json.loads(f.read_text())
+        vals = [c for c in rec["curve"] if c["split"] == "val"]
+        top = max(vals, key=lambda c: c["accuracy"])
+        v = rec["factors"]["variant"]
+        best.setdefault(v, []).append(100 * top["accuracy"])
+        steps.setdefault(v, []).append(top["step"])
+        final.setdefault(v, []).append(100 * rec["metrics"]["val_accuracy"])
+    sec = text[text.index("#### Table 4.2 to convergence"):text.index("### Migliorini Table 4.3")]
+    sec = sec[sec.index("<!-- /results-verdict -->"):]
+    ar = best.pop("arsgd")
+    assert f"{np.mean(ar):.2f} ±\n{np.std(ar, ddof=1):.2f} % at steps {min(steps['arsgd'])}-{max(steps['arsgd'])}" in sec
+    others = [np.mean(v) for v in best.values()]
+    assert f"({min(others):.2f}-{max(others):.2f} %, each at step {min(min(v) for k, v in steps.items() if k != 'arsgd'):,} or later)" in sec
+    assert f"falls to {np.mean(final['arsgd']):.2f} % at the end" in sec
 
 
 def test_the_run_plan_quotes_the_recorded_steps():

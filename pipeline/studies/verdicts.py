@@ -167,6 +167,11 @@ def _reason(r: dict) -> str:
     if r["verdict"] == UNRESOLVED and why == "low power":
         if r["power"] < POWER:
             return f"not resolvable (power {_num(r['power'])} < {POWER})"
+        eff, bound, alt = r["comparison"].source_effect, r["bound"], r["alternative"]
+        outside = alt == "greater" and eff > bound or alt == "less" and eff < bound
+        if outside:     # only a direction claim gets here: an effect claim outside the interval disagrees
+            return (f"not resolvable (p {_p(r['p'])} >= {ALPHA}: the claim is the direction, and the source's "
+                    f"{eff:+.2f} lies outside our interval)")
         return f"not resolvable (p {_p(r['p'])} >= {ALPHA}, the interval holds the source's effect)"
     if why == "runs at chance":
         ca, cb = r["collapsed"]
