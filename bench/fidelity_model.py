@@ -145,11 +145,10 @@ def calibrated(algo: str, nbytes: dict, base_step_s: float, base_comm_s: float, 
     if algo == "adpsgd":
         return compute + predicted_comm(algo, nbytes, compute, bytes_per_s, latency_s, burst)[0]
     shaped = predicted_comm(algo, nbytes, compute, bytes_per_s, latency_s, burst)[0]
-    if overlap == "max":
-        return compute + max(base_comm_s, shaped)
-    if overlap == "split":
+    if overlap in ("max", "split"):     # max: split with no per-byte part
         period = op_period(algo)
-        byte_work = min(base_comm_s * period, max(0.0, per_byte_s) * op_bytes(algo, nbytes))
+        per_byte = max(0.0, per_byte_s) if overlap == "split" else 0.0
+        byte_work = min(base_comm_s * period, per_byte * op_bytes(algo, nbytes))
         return compute + (byte_work + max(base_comm_s * period - byte_work, shaped * period)) / period
     if overlap != "add":
         raise ValueError(f"overlap={overlap!r}: expected add, max or split")
