@@ -23,14 +23,19 @@ this machine at the run's local batch (``measure_profile``: untimed warm-up step
 timed forward/backward/update steps of the same model and optimizer, one thread), plus what the
 algorithm's communication per step costs on the shaped link:
 
-* the link: the rate's TCP payload share (1448 payload bytes of every 1514-byte frame at MTU 1500
-  with TCP timestamps: 95.6 %), latency ``--latency-us`` per phase (default 0);
+* the link: the line rate, charged with every operation's bytes on the wire as gloo sends them
+  (``fidelity_model.wire_bytes``, ``gloo_message``): TCP frames at MTU 1500 with timestamps (1448
+  payload bytes and 66 bytes of headers each), the receiver's ACK of every second frame (the ACKs
+  pass the same loopback), and per gloo message its 48-byte preamble and the two notifications
+  ("ready to send", "ready to receive") that gloo's tcp transport exchanges before it writes the
+  payload (gloo/transport/tcp/pair.cc); latency ``--latency-us`` per phase (default 0);
 * the namespace's loopback is ONE token bucket that every flow in either direction passes, so flows
   that run at once share it (``costmodel.fair_share_finish``). The cost model's ``Cluster`` shares an
   interface only among flows leaving (or entering) one node, so this medium is costed here by the
   function ``fidelity_model.bucket_seconds`` over the phases each operation runs as;
-* AR-SGD: a ring allreduce of the gradients every step (2(M-1) phases, every rank sending n/M in
-  each); local SGD (H = 8): a ring allreduce of the averaged tensors every H steps; SwarmSGD
+* AR-SGD: gloo's ring allreduce of the gradients every step (2(M-1) phases, every rank sending n/M in
+  each as segments of at most 1 MiB, at least two per rank: gloo/allreduce.cc); local SGD (H = 8): a
+  ring allreduce of the averaged tensors every H steps; SwarmSGD
   (H = 4, configs/train/swarm.yaml): an exchange with the partner every H steps, both directions
   at once; AD-PSGD (configs/train/adpsgd.yaml, rounds of 16 steps): averaging runs on a
   communication thread, wait-free for the computation, at most one started per step (one request,
@@ -54,13 +59,12 @@ as the compute profile is), plus the communication on the shaped link (``--overl
 * ``add``: the baseline's step plus what the shaped link adds (the modelled communication at the
   shaped rate less that at ``--unshaped-rate``).
 
-``--burst`` also costs the bucket's depth: tbf gathers tokens at its rate while the link is idle, up to
-4,096 bytes, and sends that much at once, so each operation would start with the tokens of the compute
-since the last one (``fidelity_model.bucket_credit``). It is off by default: the measured operations do
-not get it consistently (SwarmSGD's one exchange does, the ring's two phases and HLF's allreduce at 100
-Mbit/s do not), see docs/benchmarks.md. The table's last line counts the in-scope cases within the
-target under every rule on the same runs. ``--baseline profile`` predicts from the compute profile and
-the modelled communication alone (no fixed cost per operation).
+The bucket's depth (``--burst``, the default; ``--no-burst`` leaves it out): tbf gathers tokens at its
+rate while the link is idle, up to 4,096 bytes, and sends that much at once, so each operation starts
+with the tokens of the compute since the last one (``fidelity_model.bucket_credit``). The table's last
+line counts the in-scope cases within the target under every rule on the same runs.
+``--baseline profile`` predicts from the compute profile and the modelled communication alone (no
+fixed cost per operation).
 
 Target: each predicted time per step within 15 % of the measured median wherever communication is
 at least 30 % of the measured step. Every case is printed, inside the target or not.
@@ -71,7 +75,7 @@ depends on shapes, not values). Shaping needs root, ``unshare`` and ``tc``; ``--
 same cases on the unshaped loopback (no namespace), with the prediction at ``--unshaped-rate``.
 
     .venv/bin/python bench/cluster_model_fidelity.py [--rates 10,100,1000] [--algorithms arsgd,local_sgd,swarm,adpsgd]
-        [--models lenet5,hlf] [--repeats 2] [--steps 32] [--hlf-steps 512] [--batch-size 32]
+        [--models lenet5,hlf] [--repeats 3] [--steps 32] [--hlf-steps 2048] [--batch-size 32]
 """
 from __future__ import annotations
 
@@ -91,7 +95,7 @@ for _p in (REPO, REPO / "bench"):     # the pipeline, and fidelity_data beside t
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from fidelity_model import (ALGORITHMS, COMM_SCOPE, MODELS, PAYLOAD_SHARE, ROUND, TARGET, WORLD,  # noqa: E402
+from fidelity_model import (ALGORITHMS, COMM_SCOPE, FRAME_HEADER, GLOO_PREAMBLE, MODELS, MSS, ROUND, TARGET, WORLD,  # noqa: E402
                             baselines, calibrated, model_bytes, per_byte_cost, predicted_comm, rule_counts)
 
 BURST = "32kbit"      # the bucket's depth as tc takes it (fidelity_model.BURST_BYTES)
@@ -224,11 +228,13 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {','.join(ALGORITHMS)} (default all)")
     p.add_argument("--models", type=lambda s: _csv(s, MODELS), default=list(MODELS),
                    help=f"comma-separated, of {','.join(MODELS)} (default all)")
-    p.add_argument("--repeats", type=int, default=2, help="runs per case; the table shows their median (default 2)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per case; the table shows their median (default 3: an odd count, so one disturbed "
+                        "run does not move it)")
     p.add_argument("--steps", type=int, default=32,
                    help="measured steps per LeNet-5 run, a multiple of 16 (default 32)")
-    p.add_argument("--hlf-steps", type=int, default=512,
-                   help="measured steps per HLF run, a multiple of 16 (default 512: its steps take 1-15 ms, and a "
+    p.add_argument("--hlf-steps", type=int, default=2048,
+                   help="measured steps per HLF run, a multiple of 16 (default 2048: its steps take 0.7-15 ms, and a "
                         "run's one-off costs and the machine's hiccups must not be a visible share of them)")
     p.add_argument("--batch-size", type=int, default=32, help="local batch per worker (default 32)")
     p.add_argument("--hlf-manifest", default=None,
@@ -249,8 +255,8 @@ def parser() -> argparse.ArgumentParser:
                    help="split (default): the baseline's per-byte communication adds to the shaped transfer, the "
                         "rest overlaps it; max: the longer of the baseline's communication and the transfer; add: "
                         "the shaped link's extra time adds to the baseline's step")
-    p.add_argument("--burst", action=argparse.BooleanOptionalAction, default=False,
-                   help="cost the bucket's tokens gathered while the link was idle (default off)")
+    p.add_argument("--burst", action=argparse.BooleanOptionalAction, default=True,
+                   help="cost the bucket's tokens gathered while the link was idle (default on; --no-burst: none)")
     p.add_argument("--profile-repeats", type=int, default=20, help="timed steps of the compute profile (default 20)")
     p.add_argument("--json", default=None, help="also write every case's figures to this file")
     p.add_argument("--inner", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -328,7 +334,7 @@ def _run(a, root: Path, load0) -> int:
 
     rows = []
     for rate in rates:
-        bps = rate * 1e6 / 8 * PAYLOAD_SHARE
+        bps = rate * 1e6 / 8                      # the line rate: the model counts wire bytes
         for m in a.models:
             compute = profiles[m].seconds(a.batch_size)
             for al in a.algorithms:
@@ -340,7 +346,7 @@ def _run(a, root: Path, load0) -> int:
                 base = [x for x in results if x["rate"] == "base" and x["model"] == m and x["algorithm"] == al]
                 if base:    # the baseline's measured step plus what the shaped link adds to it
                     bases = baselines(results, al)
-                    pred = calibrated(al, nbytes[m], *bases[m], bps, a.unshaped_rate * 1e6 / 8 * PAYLOAD_SHARE,
+                    pred = calibrated(al, nbytes[m], *bases[m], bps, a.unshaped_rate * 1e6 / 8,
                                       a.latency_us * 1e-6, a.overlap, a.burst,
                                       per_byte_cost(al, {k: v[1] for k, v in bases.items()}, nbytes))
                 share = comm / step if step > 0 else 0.0
@@ -359,10 +365,11 @@ def _run(a, root: Path, load0) -> int:
     for m in a.models:
         print(f"compute profile {m}: {profiles[m].seconds(a.batch_size) * 1e3:.2f} ms/step ({profiles[m].source}); "
               f"payload {nbytes[m]['grads']:,} B gradients, {nbytes[m]['averaged']:,} B averaged")
-    print(f"link: rate x {PAYLOAD_SHARE:.4f} (TCP payload at MTU 1500), latency {a.latency_us:g} us; median of {a.repeats} run(s), "
-          f"spread = (max - min) / median")
+    print(f"link: the line rate, every operation's bytes on the wire (TCP frames at MTU 1500: {FRAME_HEADER} B of "
+          f"headers per {MSS} B, an ACK every second frame; gloo's {GLOO_PREAMBLE}-B preamble and two notifications "
+          f"a message), latency {a.latency_us:g} us; median of {a.repeats} run(s), spread = (max - min) / median")
     print("prediction: " + (f"the unshaped baseline's measured step and communication with the shaped link's transfer "
-                             f"(--baseline unshaped --overlap {a.overlap}{' --burst' if a.burst else ''})"
+                             f"(--baseline unshaped --overlap {a.overlap}{'' if a.burst else ' --no-burst'})"
                             if any(x["rate"] == "base" for x in results) else
                             "the compute profile plus the modelled communication (--baseline profile)"))
     hdr = (f"{'Mbit/s':>7s} {'model':6s} {'algorithm':9s} {'meas ms':>8s} {'spread':>6s} {'comm ms':>8s} "
@@ -377,9 +384,9 @@ def _run(a, root: Path, load0) -> int:
           f"are within {TARGET:.0%}; {len(rows) - len(scoped)} below the scope; "
           f"{time.perf_counter() - t_start:.0f} s")
     if any(x["rate"] == "base" for x in results):
-        counts = rule_counts(results, nbytes, a.unshaped_rate * 1e6 / 8 * PAYLOAD_SHARE, a.latency_us * 1e-6)
+        counts = rule_counts(results, nbytes, a.unshaped_rate * 1e6 / 8, a.latency_us * 1e-6)
         print("every rule on these runs (in scope within the target): " + "; ".join(
-            f"--overlap {o}{' --burst' if bu else ''} {k} of {n}" for (o, bu), (k, n) in counts.items()))
+            f"--overlap {o}{'' if bu else ' --no-burst'} {k} of {n}" for (o, bu), (k, n) in counts.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"load_before": load0, "load_after": load1, "cases": results,
                                             "rows": [dict(zip(("rate", "model", "algorithm", "step_s", "spread",

@@ -4,17 +4,30 @@ that every flow in both directions passes. The rules of the prediction are descr
 docstring and in docs/benchmarks.md (cluster cost model fidelity)."""
 from __future__ import annotations
 
+import math
 import statistics
 
 WORLD = 2
 TARGET = 0.15          # |predicted / measured - 1| at most this ...
 COMM_SCOPE = 0.30      # ... wherever communication is at least this share of the measured step
-#: TCP payload per byte the token bucket counts at MTU 1500: 1500 - 20 (IP) - 20 (TCP) - 12 (timestamps)
-#: = 1448 payload bytes per 1514-byte frame (the 14-byte Ethernet header that loopback also carries)
-PAYLOAD_SHARE = 1448 / 1514
+#: TCP over IPv4 at MTU 1500 with the timestamp option: 1448 payload bytes per segment, 66 bytes of headers per
+#: frame on the loopback (14 Ethernet, 20 IP, 32 TCP with timestamps)
+MSS = 1448
+FRAME_HEADER = 66
+#: the payload share of a full frame, 1448 / 1514 (the cluster presets' bandwidths are such payload rates)
+PAYLOAD_SHARE = MSS / (MSS + FRAME_HEADER)
 #: the bucket's depth in bytes on the wire: the bench shapes with ``burst 32kbit``, which tc reads as 4096
 #: bytes (`tc -d qdisc show` prints "burst 4Kb")
 BURST_BYTES = 4096
+#: gloo's tcp transport (gloo/transport/tcp/pair.cc): every message is preceded by its op preamble (six
+#: size_t: 48 bytes); a send is written only once the receiver's "ready to receive" notification has arrived,
+#: and the sender announces it with a "ready to send" one: two preamble-only messages per message
+GLOO_PREAMBLE = 48
+#: gloo's ring allreduce (gloo/allreduce.cc) cuts the buffer into segments of at most 1 MiB
+#: (``kMaxSegmentSize``), at least two per rank, a multiple of the ranks
+GLOO_SEGMENT_MAX = 1 << 20
+#: AD-PSGD's request header (``P2PChannel.send_header``: four int64)
+REQUEST_BYTES = 32
 ROUND = 16             # AD-PSGD's round_steps; --steps is a multiple of it (and of H = 8 and SwarmSGD's 4)
 
 #: algorithm -> (training config's algorithm section, optimizer settings are per model)
@@ -66,15 +79,44 @@ def _take_equally(flows: list[float], amount: float) -> list[float]:
 
 
 def bucket_credit(bytes_per_s: float, idle_s: float) -> float:
-    """The payload bytes a token bucket of :data:`BURST_BYTES` holds after the link was idle ``idle_s``:
+    """The bytes (on the wire) a token bucket of :data:`BURST_BYTES` holds after the link was idle ``idle_s``:
     it refills at the rate, up to its depth (tbf sends a packet at once while it has the tokens)."""
-    return min(BURST_BYTES * PAYLOAD_SHARE, bytes_per_s * max(0.0, idle_s))
+    return min(float(BURST_BYTES), bytes_per_s * max(0.0, idle_s))
+
+
+def wire_bytes(payload: float, acks: bool = True) -> float:
+    """Bytes on the wire of one TCP message of ``payload`` bytes: its frames (:data:`MSS` of payload each)
+    with their headers and, with ``acks``, the receiver's ACK of every second frame (Linux's delayed ACK;
+    on the loopback the ACKs pass the same bucket)."""
+    frames = max(1, math.ceil(payload / MSS))
+    return payload + frames * FRAME_HEADER + (math.ceil(frames / 2) * FRAME_HEADER if acks else 0.0)
+
+
+def gloo_message(payload: float) -> float:
+    """Wire bytes of one gloo message of ``payload`` bytes: its preamble and payload, and the two
+    notifications that let it go (:data:`GLOO_PREAMBLE`; a notification is one frame, acknowledged with
+    the next data)."""
+    return wire_bytes(payload + GLOO_PREAMBLE) + 2 * wire_bytes(GLOO_PREAMBLE, acks=False)
 
 
 def ring_phases(nbytes: float, m: int = WORLD) -> list[list[float]]:
-    """A ring allreduce of ``nbytes`` per rank (costmodel's ring, gloo's ``ring()``): 2(M-1) steps in
-    which every rank sends n/M to its neighbour."""
-    return [[nbytes / m] * m for _ in range(2 * (m - 1))]
+    """gloo's ring allreduce of ``nbytes`` per rank (float32) in wire bytes: 2(M-1) phases (reduce-scatter,
+    then allgather) in which every rank sends its share of the segments (:data:`GLOO_SEGMENT_MAX`) to its
+    neighbour, each a gloo message (:func:`gloo_message`)."""
+    segments = max(math.ceil(nbytes / GLOO_SEGMENT_MAX), 2 * m)
+    segments = -(-segments // m) * m
+    seg = math.ceil(nbytes / segments / 4) * 4
+    return [[segments // m * gloo_message(seg)] * m for _ in range(2 * (m - 1))]
+
+
+def exchange_phases(nbytes: float) -> list[list[float]]:
+    """SwarmSGD's exchange: one gloo message each way at once (``batch_isend_irecv`` of one flat vector)."""
+    return [[gloo_message(nbytes)] * WORLD]
+
+
+def request_reply_phases(nbytes: float) -> list[list[float]]:
+    """AD-PSGD's averaging: the request header and s_i one way, then s_j back (``P2PChannel``, gloo)."""
+    return [[gloo_message(REQUEST_BYTES) + gloo_message(nbytes)], [gloo_message(nbytes)]]
 
 
 def model_bytes(model_name: str, num_classes: int, shape: dict) -> dict:
@@ -89,10 +131,11 @@ def model_bytes(model_name: str, num_classes: int, shape: dict) -> dict:
 
 
 def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float,
-                   latency_s: float = 0.0, burst: bool = False) -> tuple[float, float]:
-    """(communication seconds per step on the training thread, AD-PSGD's averagings per step or nan).
-    ``burst``: each operation starts with the tokens the bucket gathered while the link was idle since the
-    last one (:func:`bucket_credit`): the ``compute_s`` of the steps between two operations."""
+                   latency_s: float = 0.0, burst: bool = True) -> tuple[float, float]:
+    """(communication seconds per step on the training thread, AD-PSGD's averagings per step or nan) on a
+    bucket of ``bytes_per_s`` on the wire (the line rate), every operation's wire bytes. ``burst``: each
+    operation starts with the tokens the bucket gathered while the link was idle since the last one
+    (:func:`bucket_credit`): the ``compute_s`` of the steps between two operations."""
     params = ALGORITHMS[algo].get("params", {})
     period = op_period(algo)
     credit = bucket_credit(bytes_per_s, compute_s * period) if burst else 0.0
@@ -101,12 +144,11 @@ def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float
     if algo == "local_sgd":
         return bucket_seconds(ring_phases(nbytes["averaged"]), bytes_per_s, latency_s, credit) / period, float("nan")
     if algo == "swarm":
-        n = nbytes["averaged"]
-        return bucket_seconds([[n, n]], bytes_per_s, latency_s, credit) / period, float("nan")
-    if algo == "adpsgd":    # REQ + 32-byte header + s_i one way, then s_j back, on the communication thread
-        n = nbytes["averaged"]
-        return adpsgd_round(compute_s, bucket_seconds([[n + 32], [n]], bytes_per_s, latency_s, credit),
-                            params["round_steps"])
+        return bucket_seconds(exchange_phases(nbytes["averaged"]), bytes_per_s, latency_s, credit) / period, float("nan")
+    if algo == "adpsgd":    # on the communication thread: the wait at the round ends
+        credit = bucket_credit(bytes_per_s, compute_s) if burst else 0.0
+        return adpsgd_round(compute_s, bucket_seconds(request_reply_phases(nbytes["averaged"]), bytes_per_s,
+                                                      latency_s, credit), params["round_steps"])
     raise ValueError(f"unknown algorithm {algo!r}")
 
 
@@ -122,7 +164,7 @@ def op_bytes(algo: str, nbytes: dict) -> float:
 
 
 def calibrated(algo: str, nbytes: dict, base_step_s: float, base_comm_s: float, bytes_per_s: float,
-               base_bytes_per_s: float, latency_s: float = 0.0, overlap: str = "add", burst: bool = False,
+               base_bytes_per_s: float, latency_s: float = 0.0, overlap: str = "add", burst: bool = True,
                per_byte_s: float = 0.0) -> float:
     """The predicted time per step from the unshaped baseline's measured step (compute, the loop's own work
     and every operation's fixed cost on this machine, measured as the compute profile is) and its measured
@@ -195,7 +237,7 @@ def rule_counts(results: list[dict], nbytes: dict, base_bytes_per_s: float, late
                 b = baselines(results, algo)
                 if model not in b or statistics.median(x["comm_s"] for x in mine) < COMM_SCOPE * step:
                     continue
-                pred = calibrated(algo, nbytes[model], b[model][0], b[model][1], rate * 1e6 / 8 * PAYLOAD_SHARE,
+                pred = calibrated(algo, nbytes[model], b[model][0], b[model][1], rate * 1e6 / 8,
                                   base_bytes_per_s, latency_s, overlap, burst,
                                   per_byte_cost(algo, {m: v[1] for m, v in b.items()}, nbytes))
                 n += 1
