@@ -93,6 +93,27 @@ def test_the_ranks_share_the_per_class_auc_and_every_rank_gets_sklearns_values(w
     assert summarize(probs, labels, 123.0)["auc"] == want
 
 
+def test_a_diverged_model_is_scored_not_crashed():
+    """A run whose weights went to NaN (a rate too high for its batch, as a tuning grid finds) is
+    evaluated, not failed: no AUC for a class whose scores are not finite, the loss NaN, and the
+    accuracy as the predictions give it, so the study records the run as collapsed."""
+    import math
+
+    import numpy as np
+
+    from pipeline.train.metrics import summarize
+
+    labels = np.array([0, 1, 2, 0, 1, 2])
+    probs = np.full((6, 3), np.nan, dtype=np.float32)
+    res = summarize(probs, labels, float("nan"))
+    assert res["auc"] == {"0": None, "1": None, "2": None}
+    assert math.isnan(res["loss"]) and res["n"] == 6 and 0.0 <= res["accuracy"] <= 1.0
+    probs[:, :] = 1 / 3
+    probs[0, 1] = np.inf            # one non-finite score spoils that class's AUC only
+    res = summarize(probs, labels, 1.0)
+    assert res["auc"]["1"] is None and res["auc"]["0"] == 0.5 and res["auc"]["2"] == 0.5
+
+
 def test_the_collectives_compute_what_their_definitions_say():
     def body(c):
         r = c.rank

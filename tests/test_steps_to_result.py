@@ -247,3 +247,16 @@ def test_momentum_is_not_compared_with_sgd_from_a_different_smallest_batch():
     recs.append(rec(16, 0.1, 0.9, [0.2]))
     (v,) = [x for x in s2r.verdicts(s2r.curves("W", recs, [0.10]), 3.16) if x[0].startswith("momentum")]
     assert v[1] == "not resolvable" and "(from different batches)" in v[2]
+
+
+def test_the_warm_up_row_points_to_the_workloads_warm_up_study_only_where_it_has_records(tmp_path):
+    """Goyal's warm-up has a study of its own per workload (``<study>_warmup``, its own table and verdict):
+    the steps table's row says where that verdict is, and "not run" for a workload without its records."""
+    root = tmp_path / "results"
+    write_study(root, "s2r", curve_recs({16: 64, 32: 32}, {16: 64, 32: 40}))
+    page = tmp_path / "docs" / "results.md"
+    text = "<!-- results-steps: s2r -->\n<!-- /results-steps -->\n"
+    row = "| linear scaling with gradual warm-up (Goyal: 8k 23.74 ± 0.09 against 24.84 ± 0.37 without) | below | "
+    assert row + "W: not run |" in s2r.regenerate(text, root, page)
+    write_study(root, "s2r_warmup", curve_recs({256: 30}, {256: 30}))
+    assert row + "W: `s2r_warmup`, its verdict below |" in s2r.regenerate(text, root, page)

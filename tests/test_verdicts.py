@@ -210,3 +210,24 @@ def test_a_figure_is_redrawn_when_its_records_change_and_check_fails_until_then(
     with pytest.raises(PipelineError, match="results_e3_2_1_households.png is out of date"):
         tables.results_tables(cfg.model_copy(update={"check": True}))
     assert png.read_bytes() == first                     # check never writes
+
+
+def test_the_warm_up_prose_quotes_the_records():
+    """Goyal's warm-up on the HLF classifier: the spread of the k = 4, 8 cells around B = 256, the runs at
+    chance at k = 16, 32, and their best validation with and without the warm-up."""
+    text = (REPO / "docs" / "results.md").read_text()
+    sec = text[text.index("#### Linear scaling with and without gradual warm-up"):text.index("### CIFAR-10 and ResNet-20")]
+    sec = " ".join(sec[sec.index("<!-- /results-verdict -->"):].split())
+    fin, best = {}, {}
+    for f in sorted((REPO / "results" / "steps_to_result_hlf_warmup").glob("*/seed_*.json")):
+        rec = json.loads(f.read_text())
+        k = (int(rec["factors"]["variant"][1:]), rec["factors"]["train.warmup_epochs"])
+        fin.setdefault(k, []).append(100 * rec["metrics"]["val_accuracy"])
+        best.setdefault(k, []).append(100 * max(c["accuracy"] for c in rec["curve"] if c["split"] == "val"))
+    base = np.mean(fin[(256, 0)])
+    spread = max(abs(np.mean(fin[(b, w)]) - base) for b in (1024, 2048) for w in (0, 5))
+    assert f"within {spread:.2f} p.p. of B = 256's {base:.2f} %" in sec
+    chance = {w: sum(v <= 55 for b in (4096, 8192) for v in fin[(b, w)]) for w in (0, 5)}
+    assert f"{chance[0]} of 6 runs without the warm-up and {chance[5]} of 6 with it end at chance" in sec
+    assert (f"averages {np.mean(best[(4096, 5)]):.2f} % at 4,096 and {np.mean(best[(8192, 5)]):.2f} % at 8,192 with it, "
+            f"against {np.mean(best[(4096, 0)]):.2f} % and {np.mean(best[(8192, 0)]):.2f} % without") in sec

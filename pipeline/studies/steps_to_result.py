@@ -388,6 +388,9 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
 REGION = re.compile(r"(<!-- results-steps: ([A-Za-z0-9_.\- ]+) -->\n)(.*?)(<!-- /results-steps -->)", re.S)
 #: per study, next to its records: {workload: <label>, targets: [errors], grid_step: <rate grid factor>}
 SPEC = "steps.yaml"
+#: the suffix of a workload's study of Goyal's linear scaling with and without gradual warm-up (its own
+#: table and verdict: ``results/<study>_warmup/table.yaml``)
+WARMUP = "_warmup"
 
 
 def load(study: str, root: Path) -> tuple[str, list[float], float, list[dict]]:
@@ -428,8 +431,10 @@ def section(studies: list[str], root: Path, page: Path) -> str:
     rows = ["| claim (Bonet, Wang & Tang) | verdict | by the rule in `pipeline/studies/steps_to_result.py` |",
             "| --- | --- | --- |"]
     rows += [f"| {c} | {v} | {why} |" for c, v, why in verdicts(cs, step or 3.16)]
+    warm = [(load(s, root)[0], f"{s}{WARMUP}") for s in studies]
     rows.append("| linear scaling with gradual warm-up (Goyal: 8k 23.74 ± 0.09 against 24.84 ± 0.37 without) | "
-                "not run | the warm-up runs at B >= 1,024 follow the tuned curve |")
+                "below | " + "; ".join(f"{label}: " + (f"`{w}`, its verdict below" if study_records(root / w)
+                                                       else "not run") for label, w in warm) + " |")
     fig = figure_path(page, studies).relative_to(page.parent).as_posix()
     return ("\n".join(parts) + "\n" + "\n".join(rows) + "\n\n"
             f"![steps to the target against the batch, log-log, normalised by the smallest batch]({fig})\n")

@@ -28,14 +28,16 @@ import numpy as np
 
 def per_class_auc(probs: np.ndarray, labels: np.ndarray,
                   classes: Optional[Iterable[int]] = None) -> dict[str, Optional[float]]:
-    """One-vs-rest ROC AUC per class (None where a class has no positives or no negatives), of
-    ``classes`` only when given (the ranks of a run share the classes: :func:`summarize`)."""
+    """One-vs-rest ROC AUC per class (None where a class has no positives or no negatives, or where
+    its scores are not all finite: a diverged model's), of ``classes`` only when given (the ranks
+    of a run share the classes: :func:`summarize`)."""
     from sklearn.metrics import roc_auc_score
 
     out: dict[str, Optional[float]] = {}
     for c in (range(probs.shape[1]) if classes is None else classes):
         y = labels == c
-        out[str(c)] = float(roc_auc_score(y, probs[:, c])) if 0 < y.sum() < len(y) else None
+        ok = 0 < y.sum() < len(y) and bool(np.isfinite(probs[:, c]).all())
+        out[str(c)] = float(roc_auc_score(y, probs[:, c])) if ok else None
     return out
 
 
