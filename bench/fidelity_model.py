@@ -14,8 +14,6 @@ COMM_SCOPE = 0.30      # ... wherever communication is at least this share of th
 #: frame on the loopback (14 Ethernet, 20 IP, 32 TCP with timestamps)
 MSS = 1448
 FRAME_HEADER = 66
-#: the payload share of a full frame, 1448 / 1514 (the cluster presets' bandwidths are such payload rates)
-PAYLOAD_SHARE = MSS / (MSS + FRAME_HEADER)
 #: the bucket's depth in bytes on the wire: the bench shapes with ``burst 32kbit``, which tc reads as 4096
 #: bytes (`tc -d qdisc show` prints "burst 4Kb")
 BURST_BYTES = 4096
@@ -144,7 +142,8 @@ def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float
     if algo == "local_sgd":
         return bucket_seconds(ring_phases(nbytes["averaged"]), bytes_per_s, latency_s, credit) / period, float("nan")
     if algo == "swarm":
-        return bucket_seconds(exchange_phases(nbytes["averaged"]), bytes_per_s, latency_s, credit) / period, float("nan")
+        exchange = bucket_seconds(exchange_phases(nbytes["averaged"]), bytes_per_s, latency_s, credit)
+        return exchange / period, float("nan")
     if algo == "adpsgd":    # on the communication thread: the wait at the round ends
         credit = bucket_credit(bytes_per_s, compute_s) if burst else 0.0
         return adpsgd_round(compute_s, bucket_seconds(request_reply_phases(nbytes["averaged"]), bytes_per_s,
