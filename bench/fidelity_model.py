@@ -144,8 +144,7 @@ def predicted_comm(algo: str, nbytes: dict, compute_s: float, bytes_per_s: float
     if algo == "swarm":
         exchange = bucket_seconds(exchange_phases(nbytes["averaged"]), bytes_per_s, latency_s, credit)
         return exchange / period, float("nan")
-    if algo == "adpsgd":    # on the communication thread: the wait at the round ends
-        credit = bucket_credit(bytes_per_s, compute_s) if burst else 0.0
+    if algo == "adpsgd":    # on the communication thread (at most one a step): the wait at the round ends
         return adpsgd_round(compute_s, bucket_seconds(request_reply_phases(nbytes["averaged"]), bytes_per_s,
                                                       latency_s, credit), params["round_steps"])
     raise ValueError(f"unknown algorithm {algo!r}")

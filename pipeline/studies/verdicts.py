@@ -83,6 +83,11 @@ def _opposite(alternative: str) -> str:
     return {"greater": "less", "less": "greater"}.get(alternative, "two-sided")
 
 
+def _outside(effect: float, bound: float, alternative: str) -> bool:
+    """Whether ``effect`` lies outside the one-sided interval that ends at ``bound``."""
+    return alternative == "greater" and effect > bound or alternative == "less" and effect < bound
+
+
 def judge(a: list[float], b: list[float], c: Comparison, chance_below: Optional[float] = None,
           unconverged: Optional[str] = None, edge: Optional[str] = None) -> dict:
     """The verdict of one comparison (module docstring), with every number it rests on. ``a``, ``b``:
@@ -124,7 +129,7 @@ def judge(a: list[float], b: list[float], c: Comparison, chance_below: Optional[
         return out
     claimed = c.source_effect if c.claim == "effect" else 0.0
     bound = out["bound"]
-    if alt == "greater" and claimed > bound or alt == "less" and claimed < bound:
+    if _outside(claimed, bound, alt):
         out.update(verdict=DISAGREES, why="the source's effect is outside our interval" if c.claim == "effect"
                    else "the opposite direction")
     elif out["p_opposite"] < ALPHA:
@@ -167,9 +172,9 @@ def _reason(r: dict) -> str:
     if r["verdict"] == UNRESOLVED and why == "low power":
         if r["power"] < POWER:
             return f"not resolvable (power {_num(r['power'])} < {POWER})"
-        eff, bound, alt = r["comparison"].source_effect, r["bound"], r["alternative"]
-        outside = alt == "greater" and eff > bound or alt == "less" and eff < bound
-        if outside:     # only a direction claim gets here: an effect claim outside the interval disagrees
+        eff = r["comparison"].source_effect
+        # only a direction claim gets here outside the interval (an effect claim there disagrees)
+        if _outside(eff, r["bound"], r["alternative"]):
             return (f"not resolvable (p {_p(r['p'])} >= {ALPHA}: the claim is the direction, and the source's "
                     f"{eff:+.2f} lies outside our interval)")
         return f"not resolvable (p {_p(r['p'])} >= {ALPHA}, the interval holds the source's effect)"
