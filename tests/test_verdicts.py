@@ -231,3 +231,22 @@ def test_the_warm_up_prose_quotes_the_records():
     assert f"{chance[0]} of 6 runs without the warm-up and {chance[5]} of 6 with it end at chance" in sec
     assert (f"averages {np.mean(best[(4096, 5)]):.2f} % at 4,096 and {np.mean(best[(8192, 5)]):.2f} % at 8,192 with it, "
             f"against {np.mean(best[(4096, 0)]):.2f} % and {np.mean(best[(8192, 0)]):.2f} % without") in sec
+
+
+def test_the_steps_prose_on_the_flat_hlf_curves_holds_on_the_records():
+    """The paragraph under the steps tables: where the HLF curves flatten (B >= 512 at error 0.06), every
+    run of each batch's best setting reaches the target within the first fifth of its 100 validations."""
+    from pipeline.studies import steps_to_result as s2r
+
+    text = " ".join((REPO / "docs" / "results.md").read_text().split())
+    assert ("Where the curves flatten (B >= 512 at error 0.06) every run that counts reaches the target within "
+            "the first fifth of its validations") in text
+    _, _, _, recs = s2r.load("steps_to_result_hlf", REPO / "results")
+    checked = 0
+    for pts in s2r.best_per_batch(recs, 0.06).values():
+        for b, p in pts.items():
+            for r in recs:
+                if b >= 512 and s2r.is_tuned(r) and s2r.run_settings(r) == (b, p.lr, p.momentum):
+                    assert s2r.steps_to_target(r["curve"], 0.06) <= 20 * r["config"]["train"]["eval_every"]
+                    checked += 1
+    assert checked == 2 * 5 * 3      # two families, five batches, three seeds
