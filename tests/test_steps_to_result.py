@@ -91,6 +91,72 @@ def test_regimes_that_go_back_are_not_ordered():
     assert not s2r.regimes(p, p).ordered
 
 
+def test_a_reversal_through_a_point_of_one_seed_is_not_resolved():
+    p = pts({16: 800, 32: 780, 64: 390})           # each point one seed: no spread known
+    r = s2r.regimes(p, p)
+    assert not r.ordered and not r.back_resolved and r.ses == [None, None]
+
+
+def test_the_slope_error_comes_from_the_seeds_spread_and_the_validation_interval():
+    # steps 100 at both batches, sd 10 over 4 seeds: var(log2 mean) = 0.1^2 / 4 / ln(2)^2 = 0.0052034 each;
+    # sqrt(2 x 0.0052034) = 0.10201; a validation every 10 steps adds 10^2 / 12 to the run variance:
+    # sqrt(100 + 8.333) = 10.408 -> 0.10618
+    a, b = s2r.Point(16, 100, 0.1, 0.0, 1, 1, 4, 10.0, 0.0), s2r.Point(32, 100, 0.1, 0.0, 1, 1, 4, 10.0, 0.0)
+    assert s2r.slope_se(a, b) == pytest.approx(0.10201, abs=1e-4)
+    a.every = b.every = 10.0
+    assert s2r.slope_se(a, b) == pytest.approx(0.10618, abs=1e-4)
+    b.batch = 64                                   # over two doublings the slope's error halves
+    assert s2r.slope_se(a, b) == pytest.approx(0.10618 / 2, abs=1e-4)
+    assert s2r.slope_se(a, s2r.Point(32, 100, 0.1, 0.0, 1, 1)) is None
+
+
+def test_the_verdicts_z_covers_every_slope_at_once():
+    # Bonferroni, two-sided 95 %: Phi^-1(1 - 0.025 / k)
+    assert s2r.family_z(1) == pytest.approx(1.95996, abs=1e-4)
+    assert s2r.family_z(10) == pytest.approx(2.80703, abs=1e-4)
+    assert s2r.family_z(60) == pytest.approx(3.34148, abs=1e-4)
+
+
+def seeded_recs(steps_by_batch, every=1):
+    """Momentum-0 records, one per seed: steps_by_batch maps a batch to its seeds' steps to 0.95."""
+    return [rec(b, 0.1, 0.0, [0.5] * (s // every - 1) + [0.95], every=every)
+            for b, seeds in steps_by_batch.items() for s in seeds]
+
+
+def test_a_reversal_beyond_the_seeds_spread_disagrees_and_one_within_it_is_not_resolvable():
+    # 16 -> 32 no benefit (slope about -0.03), then 32 -> 64 perfect (-1): tight seeds resolve it
+    tight = s2r.curves("A", seeded_recs({16: [800, 810, 790], 32: [780, 790, 770], 64: [390, 400, 380]}), [0.1])
+    c = next(c for c in tight if c.family == "sgd")
+    assert c.points[32].seeds == 3 and c.points[32].sd == pytest.approx(10.0)
+    assert not c.regimes.ordered and c.regimes.back_resolved
+    v = {claim: (verdict, why) for claim, verdict, why in s2r.verdicts(tight, 3.16)}
+    # 2 slopes at once: z = 2.24; -0.04 +- 0.03 (steepest -0.07: no benefit), -1 +- 0.05 (flattest -0.95: perfect)
+    assert v["three regimes"] == ("disagrees", "A sgd at error 0.1: the regimes go back along the batch, beyond the "
+                                  "seeds' spread (1 of 1 curves; z = 2.24 over 2 slopes)")
+    # the same means, seeds spread wide: the slopes' intervals overlap across the classes
+    wide = s2r.curves("A", seeded_recs({16: [400, 800, 1200], 32: [380, 780, 1180], 64: [190, 390, 590]}), [0.1])
+    c = next(c for c in wide if c.family == "sgd")
+    assert not c.regimes.ordered and not c.regimes.back_resolved
+    v = dict((claim, verdict) for claim, verdict, _ in s2r.verdicts(wide, 3.16))
+    assert v["three regimes"] == "not resolvable"
+
+
+def test_the_validation_interval_alone_can_hide_a_reversal():
+    # every seed reaches the target at the same validation (sd 0), 800 -> 800 -> 400 steps: no benefit,
+    # then perfect. A validation every 100 steps leaves a run 100 / sqrt(12) = 28.9 steps uncertain:
+    # slopes 0 +- 0.08 and -1 +- 0.13, resolved; every 400 steps: 0 +- 0.33 (steepest -0.33, diminishing)
+    # and -1 +- 0.53 (flattest -0.47, diminishing), not resolved
+    coarse = s2r.curves("A", seeded_recs({16: [800] * 3, 32: [800] * 3, 64: [400] * 3}, every=100), [0.1])
+    c = next(c for c in coarse if c.family == "sgd")
+    assert c.points[16].every == 100 and c.points[16].sd == 0
+    assert not c.regimes.ordered and c.regimes.back_resolved
+    assert [1.96 * se for se in c.regimes.ses] == pytest.approx([0.0833, 0.1317], abs=1e-3)
+    coarser = s2r.curves("A", seeded_recs({16: [800] * 3, 32: [800] * 3, 64: [400] * 3}, every=400), [0.1])
+    c = next(c for c in coarser if c.family == "sgd")
+    assert not c.regimes.ordered and not c.regimes.back_resolved
+    assert [1.96 * se for se in c.regimes.ses] == pytest.approx([0.3332, 0.5268], abs=1e-3)
+
+
 def test_rate_rules_within_one_grid_step():
     # over 16 ... 1024 the rules part by more than one step: sqrt(64) = 8 > 3.16
     lin = {b: s2r.Point(b, 10, 0.01 * b / 16, 0.0, 1, 1) for b in (16, 32, 64, 128, 256, 512, 1024)}
@@ -153,7 +219,8 @@ def test_the_page_region_and_its_figure_come_from_the_records(tmp_path):
     assert "old" not in new and new.startswith("intro\n") and new.endswith("<!-- /results-steps -->\nend\n")
     assert "| 64 | 30 | 0.469 | 0.4 (1 setting run) | 16 | 0.25 | 0.4, 0.9 (1 setting run) |" in new
     assert "| momentum extends perfect scaling | disagrees | W error 0.1: SGD to 32, momentum to 16 |" in new
-    assert "| three regimes | disagrees | W momentum at error 0.1: the regimes go back along the batch |" in new
+    assert ("| three regimes | not resolvable | 1 of 2 curves go back along the batch, none beyond the seeds' "
+            "spread (no slope's spread known; 1 through a point of one seed) |") in new
     stale = s2r.stale_figures(new, root, page)
     assert [p.name for p, _ in stale] == ["results_s2r.png"]
     s2r.write_figures(stale)
@@ -213,7 +280,7 @@ def test_the_section_names_each_doublings_slope_and_class():
     recs = curve_recs({16: 64, 32: 32, 64: 30}, {16: 64, 32: 32, 64: 16})
     text = s2r.render("W", recs, [0.10], 3.16)
     assert "- sgd: perfect scaling up to B = 32; maximum useful batch 32; " in text
-    assert "16->32 -1.00 (perfect), 32->64 -0.09 (no benefit)" in text
+    assert "16->32 -1.00 ± ? (perfect), 32->64 -0.09 ± ? (no benefit)" in text  # one seed: spread unknown
     assert "- momentum: perfect scaling up to B = 64; maximum useful batch >= 64;" in text
     text = s2r.render("W", curve_recs({16: 64, 32: 40}, {16: 64, 32: 40}), [0.10], 3.16)
     assert "- sgd: no doubling of perfect scaling from B = 16; maximum useful batch >= 32;" in text

@@ -24,6 +24,17 @@ From the records (:mod:`.records`):
   which the target is no longer reached counts as no benefit; a span over batches not run yet is not
   classified, and ends the perfect regime and a flat tail there). The **maximum useful batch** is that
   start; when the last doubling still helps, it is at least the largest batch measured (``ge``).
+* **The seeds' spread** (:func:`slope_halfwidth`): a point's steps are a mean over the best setting's
+  seeds, each known only to its validation interval ``v``; a run's steps vary by ``sqrt(sd^2 + v^2 /
+  12)`` (``sd``: the seeds' sample standard deviation; ``v^2 / 12``: the step's rounding up to a
+  validation), which gives each doubling's slope a standard error (:func:`slope_se`); the page shows
+  1.96 of them either side. The regimes **go back** when a later doubling is in an earlier class than
+  a previous one; that reversal is **resolved** (:func:`back_resolved`) only when it holds at the ends
+  of both intervals (the later doubling's flattest slope against the earlier one's steepest), with
+  intervals of ``z`` standard errors. The verdict looks for a reversal among every doubling of every
+  curve, so its ``z`` covers them together (:func:`family_z`: Bonferroni over the K doublings with a
+  known error, two-sided 95 %: z = 3.34 at K = 60). A point of one seed has no spread: no reversal
+  through it is resolved.
 * **Simple rules for the best rate** (:func:`rate_rules`): whether the best rate follows lr ∝ B
   (Goyal's linear rule), lr ∝ sqrt(B) or a constant, anchored at the smallest batch, to within one
   step of the rate grid at every batch up to the maximum useful batch.
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -47,6 +59,8 @@ from .records import study_records
 PERFECT_SLOPE = -0.85
 #: local slope at or above which a doubling brings no benefit (steps fall <= 1.11x)
 FLAT_SLOPE = -0.15
+#: standard errors either side of one doubling's slope for its 95 % interval (shown on the page)
+Z_ONE = 1.96
 PERFECT, DIMINISHING, FLAT = "perfect scaling", "diminishing returns", "maximal data parallelism"
 GAP = "batches between not run"   # a span of more than one doubling: its slope is shown, not classified
 
@@ -74,6 +88,8 @@ class Point:
     runs: int          # settings of the grid that ran at this batch and family
     reached: int       # of them, those that reached the target in every seed that ran
     seeds: int = 1     # seeds of the best setting
+    sd: Optional[float] = None   # the seeds' sample standard deviation of the steps (None: one seed)
+    every: float = 0.0           # the validation interval: a run's steps are known to within it
 
 
 def _cfg(rec: dict, key: str, default=None):
@@ -92,6 +108,15 @@ def run_settings(rec: dict) -> tuple[int, float, float]:
     return int(train["batch_size"]), float(train["lr"]), float(train.get("momentum", 0.0))
 
 
+def validation_interval(rec: dict) -> float:
+    """The steps between a run's validations (its config's eval_every, else its first validation's step)."""
+    every = _cfg(rec, "train.eval_every")
+    if every:
+        return float(every)
+    steps = [int(c["step"]) for c in rec.get("curve", []) if c.get("split", "val") == "val"]
+    return float(min(steps)) if steps else 0.0
+
+
 def is_tuned(rec: dict) -> bool:
     """A run of the tuning grid: the linear-scaling runs (a warm-up, or lr_scaling) are not on the curve."""
     return not _cfg(rec, "train.warmup_epochs", 0) and _cfg(rec, "train.lr_scaling", "none") == "none"
@@ -101,10 +126,13 @@ def best_per_batch(records: Iterable[dict], target_error: float) -> dict[str, di
     """family -> batch -> the best point: over the grid's settings (rate, momentum) that reached the
     target in every seed that ran, the one with the fewest steps (mean over its seeds)."""
     settings: dict[tuple[int, float, float], list[Optional[int]]] = {}
+    every: dict[tuple[int, float, float], float] = {}
     for rec in records:
         if not is_tuned(rec):
             continue
-        settings.setdefault(run_settings(rec), []).append(steps_to_target(rec.get("curve", []), target_error))
+        key = run_settings(rec)
+        settings.setdefault(key, []).append(steps_to_target(rec.get("curve", []), target_error))
+        every[key] = max(every.get(key, 0.0), validation_interval(rec))
     out: dict[str, dict[int, Point]] = {}
     counts: dict[tuple[str, int], list[int]] = {}
     for (b, lr, mom), steps in sorted(settings.items()):
@@ -117,7 +145,8 @@ def best_per_batch(records: Iterable[dict], target_error: float) -> dict[str, di
         mean = sum(steps) / len(steps)
         best = out.setdefault(fam, {}).get(b)
         if best is None or mean < best.steps:
-            out[fam][b] = Point(b, mean, lr, mom, 0, 0, len(steps))
+            sd = statistics.stdev(steps) if len(steps) > 1 else None
+            out[fam][b] = Point(b, mean, lr, mom, 0, 0, len(steps), sd, every[(b, lr, mom)])
     for fam, pts in out.items():
         for b, p in pts.items():
             p.runs, p.reached = counts[(fam, b)]
@@ -140,13 +169,37 @@ def classify(slope: float) -> str:
     return DIMINISHING
 
 
+def _log2_var(p: Point) -> Optional[float]:
+    """The variance of log2 of a point's mean steps over its seeds (None: one seed, no spread known)."""
+    if p.sd is None or p.seeds < 2 or p.steps <= 0:
+        return None
+    run_sd = math.sqrt(p.sd ** 2 + p.every ** 2 / 12.0)
+    return (run_sd / p.steps) ** 2 / p.seeds / math.log(2) ** 2
+
+
+def slope_se(lo: Point, hi: Point) -> Optional[float]:
+    """The standard error of the slope between two points (module docstring); None where a point has
+    one seed."""
+    a, b = _log2_var(lo), _log2_var(hi)
+    if a is None or b is None:
+        return None
+    return math.sqrt(a + b) / math.log2(hi.batch / lo.batch)
+
+
+def family_z(k: int) -> float:
+    """z of a two-sided 95 % interval for each of k slopes at once (Bonferroni): 1.96 at k = 1."""
+    return statistics.NormalDist().inv_cdf(1 - 0.025 / max(1, k))
+
+
 @dataclass
 class Regimes:
     doublings: list[tuple[int, int, Optional[float], str]] = field(default_factory=list)  # (B, 2B, slope, class)
+    ses: list[Optional[float]] = field(default_factory=list)  # the slope's standard error (None: unknown)
     perfect_until: Optional[int] = None     # largest batch of perfect scaling (the smallest: no perfect doubling)
     max_useful: Optional[int] = None        # start of the maximal data parallelism regime
     max_useful_ge: bool = False             # True: no flat tail within the range; max_useful is a lower bound
     ordered: bool = True                    # the classes run perfect -> diminishing -> maximal, never back
+    back_resolved: bool = False             # they go back beyond Z_ONE of the seeds' spread (back_resolved)
 
 
 def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
@@ -160,14 +213,13 @@ def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
     bs = [b for b in bs if b >= start]
     order = {PERFECT: 0, DIMINISHING: 1, FLAT: 2}
     for lo, hi in zip(bs, bs[1:]):
-        if lo not in points:   # past a batch that never reached the target: no benefit either
+        if lo not in points or hi not in points:   # a batch that never reached the target: no benefit
             r.doublings.append((lo, hi, None, FLAT))
-            continue
-        if hi not in points:
-            r.doublings.append((lo, hi, None, FLAT))
+            r.ses.append(0.0 if lo in points else None)   # certain where the lower batch reached it
             continue
         s = math.log2(points[hi].steps / points[lo].steps) / math.log2(hi / lo)
         r.doublings.append((lo, hi, s, classify(s) if hi == 2 * lo else GAP))
+        r.ses.append(slope_se(points[lo], points[hi]))
     r.perfect_until = start         # the smallest batch alone when the first doubling is not perfect
     for lo, hi, _, cls in r.doublings:
         if cls != PERFECT:
@@ -182,7 +234,24 @@ def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
         r.max_useful = r.doublings[tail][0]
     ranks = [order[d[3]] for d in r.doublings if d[3] != GAP]
     r.ordered = all(a <= b for a, b in zip(ranks, ranks[1:]))
+    r.back_resolved = back_resolved(r, Z_ONE)
     return r
+
+
+def back_resolved(r: Regimes, z: float) -> bool:
+    """Whether a later doubling lies in an earlier class than a previous one at the ends of both
+    intervals of ``z`` standard errors (the later one's flattest slope against the earlier one's
+    steepest); a doubling to a batch that missed the target is no benefit for certain."""
+    order = {PERFECT: 0, DIMINISHING: 1, FLAT: 2}
+    ends = []
+    for (lo, hi, s, cls), se in zip(r.doublings, r.ses):
+        if cls == GAP or se is None:
+            continue
+        if s is None:
+            ends.append((order[FLAT], order[FLAT]))
+        else:
+            ends.append((order[classify(s - z * se)], order[classify(s + z * se)]))   # (steepest, flattest)
+    return any(later[1] < earlier[0] for i, earlier in enumerate(ends) for later in ends[i + 1:])
 
 
 def rate_rules(points: dict[int, Point], grid_step: float, until: Optional[int] = None) -> dict[str, bool]:
@@ -239,7 +308,9 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
     * three regimes "in a similar way across problems": agrees when every curve of at least two
       workloads has its classes in order (perfect -> diminishing -> maximal) with a perfect doubling
       first and a flat tail; disagrees when a curve's classes go back (e.g. perfect after no
-      benefit); otherwise not resolvable (a regime outside 16 ... 8,192, or one workload only).
+      benefit) beyond the seeds' spread at :func:`family_z` over every curve's slopes
+      (:func:`back_resolved`); otherwise not resolvable (a reversal within the spread, a regime
+      outside 16 ... 8,192, or one workload only).
     * the maximum useful batch varies between workloads: with two or more workloads, agrees when the
       momentum curves' maximum useful batches at the harder target differ by 4x or more (two
       doublings), disagrees when they are within 2x and none is a lower bound; else not resolvable.
@@ -255,12 +326,23 @@ def verdicts(cs: list[Curve], grid_step: float) -> list[tuple[str, str, str]]:
     measured = [c for c in cs if len(c.points) >= 2]
     by_w = _workload_curves(measured)
     back = [c for c in measured if not c.regimes.ordered]
+    k = sum(1 for c in measured for (_, _, sl, cls), se in zip(c.regimes.doublings, c.regimes.ses)
+            if cls != GAP and se is not None and sl is not None)
+    z = family_z(k)
+    resolved = [c for c in back if back_resolved(c.regimes, z)]
     complete = [c for c in measured if c.regimes.ordered and c.regimes.perfect_until != min(c.points)
                 and not c.regimes.max_useful_ge]
-    if back:
-        c = back[0]
+    if resolved:
+        c = resolved[0]
         out.append(("three regimes", "disagrees",
-                    f"{c.workload} {c.family} at error {c.target}: the regimes go back along the batch"))
+                    f"{c.workload} {c.family} at error {c.target}: the regimes go back along the batch, beyond "
+                    f"the seeds' spread ({len(resolved)} of {len(measured)} curves; z = {z:.2f} over {k} slopes)"))
+    elif back:
+        one = sum(1 for c in back if any(se is None for se in c.regimes.ses))
+        spread = f"z = {z:.2f} over {k} slopes" if k else "no slope's spread known"
+        out.append(("three regimes", "not resolvable",
+                    f"{len(back)} of {len(measured)} curves go back along the batch, none beyond the seeds' spread "
+                    f"({spread}{f'; {one} through a point of one seed' if one else ''})"))
     elif len(by_w) >= 2 and len(complete) == len(measured):
         out.append(("three regimes", "agrees", f"every curve of {len(by_w)} workloads shows them in order"))
     else:
@@ -331,6 +413,10 @@ _SHORT = {PERFECT: "perfect", DIMINISHING: "diminishing", FLAT: "no benefit",
           GAP: "not classified: batches between not run"}
 
 
+def _pm(se: Optional[float]) -> str:
+    return " ± ?" if se is None else f" ± {Z_ONE * se:.2f}"
+
+
 def _fmt_lr(v: float) -> str:
     return f"{v:g}"
 
@@ -375,9 +461,12 @@ def render(workload: str, records: list[dict], targets: list[float], grid_step: 
                        else f"no doubling of perfect scaling from B = {r.perfect_until}")
             lines.append(f"- {f}: {perfect}; "
                          f"maximum useful batch {ge}{r.max_useful}; "
-                         "doublings (local slope of log2 steps against log2 B): " + ", ".join(
-                             f"{lo}->{hi} {'not reached' if s is None else f'{s:+.2f}'} ({_SHORT[c]})"
-                             for lo, hi, s, c in r.doublings))
+                         "doublings (local slope of log2 steps against log2 B, ± its 95 % half-width over the "
+                         "seeds): " + ", ".join(
+                             f"{lo}->{hi} {'not reached' if s is None else f'{s:+.2f}' + _pm(se)} ({_SHORT[c]})"
+                             for (lo, hi, s, c), se in zip(r.doublings, r.ses))
+                         + ("" if r.ordered else "; the classes go back"
+                            + (" beyond these intervals" if r.back_resolved else " within these intervals")))
         lines.append("")
     return "\n".join(lines)
 
