@@ -250,3 +250,47 @@ def test_the_steps_prose_on_the_flat_hlf_curves_holds_on_the_records():
                     assert s2r.steps_to_target(r["curve"], 0.06) <= 20 * r["config"]["train"]["eval_every"]
                     checked += 1
     assert checked == 2 * 5 * 3      # two families, five batches, three seeds
+
+
+def test_a_panel_whose_runs_are_all_at_chance_says_so_instead_of_an_empty_legend(tmp_path):
+    """A cell whose every run is at chance has no curve: its panel names it in words (matplotlib warned
+    of an empty legend and drew a blank panel)."""
+    import warnings
+
+    from pipeline.report.results_figures import draw
+
+    blank = {"label": "no warm-up; 3 at chance", "n": 0, "steps": [], "mean": [], "std": [], "source": None}
+    drawn = {"label": "gradual warm-up", "n": 3, "steps": [1, 2], "mean": [50.0, 60.0], "std": [1.0, 1.0],
+             "source": None}
+    data = {"title": "t", "ylabel": "validation accuracy (%)",
+            "panels": [{"title": "B = 8192", "lines": [blank, dict(blank, label="gradual warm-up; 3 at chance")]},
+                       {"title": "B = 4096", "lines": [blank, drawn]}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # the empty legend's UserWarning fails the test
+        draw(data, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_the_lenet_warm_up_prose_quotes_the_records():
+    """Goyal's warm-up on LeNet-5: the k = 8 cells against B = 256, the runs at chance at k = 16, 32, and
+    their best validation with and without the warm-up."""
+    text = (REPO / "docs" / "results.md").read_text()
+    head = "#### Linear scaling with and without gradual warm-up (Goyal et al.), LeNet-5"
+    sec = text[text.index(head):text.index("### CIFAR-10 and ResNet-20")]
+    sec = " ".join(sec[sec.index("<!-- /results-verdict -->"):].split())
+    fin, best = {}, {}
+    for f in sorted((REPO / "results" / "steps_to_result_lenet_warmup").glob("*/seed_*.json")):
+        rec = json.loads(f.read_text())
+        k = (int(rec["factors"]["variant"][1:]), rec["factors"]["train.warmup_epochs"])
+        fin.setdefault(k, []).append(100 * rec["metrics"]["val_accuracy"])
+        best.setdefault(k, []).append(100 * max(c["accuracy"] for c in rec["curve"] if c["split"] == "val"))
+    assert f"below B = 256's {np.mean(fin[(256, 0)]):.2f} %" in sec
+    assert (f"{np.mean(fin[(2048, 2)]):.2f} % with the warm-up and {np.mean(fin[(2048, 0)]):.2f} % without" in sec
+            and f"ended at {min(fin[(2048, 0)]):.2f} %" in sec)
+    row = next(ln for ln in text[text.index(head):].splitlines() if ln.startswith("| 2048: gradual warm-up against"))
+    power = row.split(" | ")[8]                          # the generated row's power column
+    assert f"in Goyal's direction but at power {power}" in sec, row
+    at_chance = sum(v <= 20 for b in (4096, 8192) for w in (0, 2) for v in fin[(b, w)])
+    assert f"{at_chance} of 12 runs end at chance, with the warm-up and without" in sec
+    assert (f"averages {np.mean(best[(4096, 2)]):.2f} % at 4,096 and {np.mean(best[(8192, 2)]):.2f} % at 8,192 with "
+            f"it, against {np.mean(best[(4096, 0)]):.2f} % and {np.mean(best[(8192, 0)]):.2f} % without") in sec

@@ -70,9 +70,11 @@ def draw(data: dict, path: Path) -> Path:
         panels = data["panels"]
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 3.6), squeeze=False)
         for ax, panel in zip(axes[0], panels):
+            empty = []
             for i, line in enumerate(panel["lines"]):
                 color = f"C{i % 10}"
-                if not line["steps"]:
+                if not line["steps"]:   # no run to draw (every run at chance, or none recorded): said in words
+                    empty.append(f"{line['label']}: no curve")
                     continue
                 lo = [m - s for m, s in zip(line["mean"], line["std"])]
                 hi = [m + s for m, s in zip(line["mean"], line["std"])]
@@ -90,7 +92,11 @@ def draw(data: dict, path: Path) -> Path:
                 [ln["source"] for ln in panel["lines"] if ln.get("source") is not None]
             if lows and tops:  # the end of the runs, where the verdicts are made, fills the panel
                 ax.set_ylim(max(0.0, min(lows) - 8.0), min(100.0, max(tops) + 1.0))
-            ax.legend(fontsize=7, loc="lower right")
+            if len(empty) < len(panel["lines"]):
+                ax.legend(fontsize=7, loc="lower right")
+            if empty:
+                ax.text(0.5, 0.5 if len(empty) == len(panel["lines"]) else 0.08, "\n".join(empty),
+                        transform=ax.transAxes, ha="center", va="center", fontsize=8)
         marked = any(ln.get("source") is not None for p in panels for ln in p["lines"])
         fig.suptitle(data["title"] + ("  (stars: the source's values)" if marked else ""), fontsize=10)
         fig.tight_layout()
