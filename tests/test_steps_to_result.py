@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from pipeline.studies import steps_page as sp
 from pipeline.studies import steps_to_result as s2r
 
 
@@ -215,19 +216,19 @@ def test_the_page_region_and_its_figure_come_from_the_records(tmp_path):
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     text = "intro\n<!-- results-steps: s2r -->\nold\n<!-- /results-steps -->\nend\n"
-    new = s2r.regenerate(text, root, page)
+    new = sp.regenerate(text, root, page)
     assert "old" not in new and new.startswith("intro\n") and new.endswith("<!-- /results-steps -->\nend\n")
     assert "| 64 | 30 | 0.469 | 0.4 (1 setting run) | 16 | 0.25 | 0.4, 0.9 (1 setting run) |" in new
     assert "| momentum extends perfect scaling | disagrees | W error 0.1: SGD to 32, momentum to 16 |" in new
     assert ("| three regimes | not resolvable | 1 of 2 curves go back along the batch, none beyond the seeds' "
             "spread (no slope's spread known; 1 through a point of one seed) |") in new
-    stale = s2r.stale_figures(new, root, page)
+    stale = sp.stale_figures(new, root, page)
     assert [p.name for p, _ in stale] == ["results_s2r.png"]
-    s2r.write_figures(stale)
-    assert s2r.stale_figures(new, root, page) == []
+    sp.write_figures(stale)
+    assert sp.stale_figures(new, root, page) == []
     write_study(root, "other", [])                    # a record changes: the figure is stale again
     (root / "s2r" / "cell0" / "seed_0.json").unlink()
-    assert len(s2r.stale_figures(new, root, page)) == 1
+    assert len(sp.stale_figures(new, root, page)) == 1
 
 
 def test_a_study_without_its_steps_file_is_one_line(tmp_path):
@@ -235,7 +236,7 @@ def test_a_study_without_its_steps_file_is_one_line(tmp_path):
 
     (tmp_path / "s2r").mkdir()
     with pytest.raises(BadInputError, match=r"s2r/steps.yaml: not found"):
-        s2r.load("s2r", tmp_path)
+        sp.load("s2r", tmp_path)
 
 
 def test_the_tiny_size_overrides_a_variants_step_budget():
@@ -278,11 +279,11 @@ def test_the_results_command_writes_the_steps_region_and_its_figure(tmp_path):
 
 def test_the_section_names_each_doublings_slope_and_class():
     recs = curve_recs({16: 64, 32: 32, 64: 30}, {16: 64, 32: 32, 64: 16})
-    text = s2r.render("W", recs, [0.10], 3.16)
+    text = sp.render("W", recs, [0.10], 3.16)
     assert "- sgd: perfect scaling up to B = 32; maximum useful batch 32; " in text
     assert "16->32 -1.00 ± ? (perfect), 32->64 -0.09 ± ? (no benefit)" in text  # one seed: spread unknown
     assert "- momentum: perfect scaling up to B = 64; maximum useful batch >= 64;" in text
-    text = s2r.render("W", curve_recs({16: 64, 32: 40}, {16: 64, 32: 40}), [0.10], 3.16)
+    text = sp.render("W", curve_recs({16: 64, 32: 40}, {16: 64, 32: 40}), [0.10], 3.16)
     assert "- sgd: no doubling of perfect scaling from B = 16; maximum useful batch >= 32;" in text
 
 
@@ -296,7 +297,7 @@ def test_a_batch_run_only_by_the_other_family_is_not_a_miss():
 def test_a_batch_without_a_point_says_how_many_settings_ran():
     recs = [rec(16, 0.1, 0.0, [0.95]), rec(32, 0.1, 0.0, [0.2]), rec(32, 0.3, 0.0, [0.2]),
             rec(64, 0.1, 0.0, [0.5, 0.95]), rec(64, 0.3, 0.0, [0.95]), rec(64, 1.0, 0.0, [0.1])]
-    text = s2r.render("W", recs, [0.10], 3.16)
+    text = sp.render("W", recs, [0.10], 3.16)
     assert "| 64 | 10 | 1 | 0.3 (best of 3) | not run |  |  |" in text
     assert "| 32 | not reached (2 settings run) |  |  | not run |  |  |" in text
     assert "| 16 | 10 | 1 | 0.1 (1 setting run) | not run |  |  |" in text
@@ -324,6 +325,6 @@ def test_the_warm_up_row_points_to_the_workloads_warm_up_study_only_where_it_has
     page = tmp_path / "docs" / "results.md"
     text = "<!-- results-steps: s2r -->\n<!-- /results-steps -->\n"
     row = "| linear scaling with gradual warm-up (Goyal: 8k 23.74 ± 0.09 against 24.84 ± 0.37 without) | below | "
-    assert row + "W: not run |" in s2r.regenerate(text, root, page)
+    assert row + "W: not run |" in sp.regenerate(text, root, page)
     write_study(root, "s2r_warmup", curve_recs({256: 30}, {256: 30}))
-    assert row + "W: `s2r_warmup`, its verdict below |" in s2r.regenerate(text, root, page)
+    assert row + "W: `s2r_warmup`, its verdict below |" in sp.regenerate(text, root, page)

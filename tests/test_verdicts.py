@@ -212,18 +212,24 @@ def test_a_figure_is_redrawn_when_its_records_change_and_check_fails_until_then(
     assert png.read_bytes() == first                     # check never writes
 
 
+def _warmup_runs(study: str) -> tuple[dict, dict]:
+    """(batch, warm-up epochs) -> the final and the best validation accuracies (%) of a warm-up study's runs."""
+    fin, best = {}, {}
+    for f in sorted((REPO / "results" / study).glob("*/seed_*.json")):
+        rec = json.loads(f.read_text())
+        k = (int(rec["factors"]["variant"][1:]), rec["factors"]["train.warmup_epochs"])
+        fin.setdefault(k, []).append(100 * rec["metrics"]["val_accuracy"])
+        best.setdefault(k, []).append(100 * max(c["accuracy"] for c in rec["curve"] if c["split"] == "val"))
+    return fin, best
+
+
 def test_the_warm_up_prose_quotes_the_records():
     """Goyal's warm-up on the HLF classifier: the spread of the k = 4, 8 cells around B = 256, the runs at
     chance at k = 16, 32, and their best validation with and without the warm-up."""
     text = (REPO / "docs" / "results.md").read_text()
     sec = text[text.index("#### Linear scaling with and without gradual warm-up"):text.index("### CIFAR-10 and ResNet-20")]
     sec = " ".join(sec[sec.index("<!-- /results-verdict -->"):].split())
-    fin, best = {}, {}
-    for f in sorted((REPO / "results" / "steps_to_result_hlf_warmup").glob("*/seed_*.json")):
-        rec = json.loads(f.read_text())
-        k = (int(rec["factors"]["variant"][1:]), rec["factors"]["train.warmup_epochs"])
-        fin.setdefault(k, []).append(100 * rec["metrics"]["val_accuracy"])
-        best.setdefault(k, []).append(100 * max(c["accuracy"] for c in rec["curve"] if c["split"] == "val"))
+    fin, best = _warmup_runs("steps_to_result_hlf_warmup")
     base = np.mean(fin[(256, 0)])
     spread = max(abs(np.mean(fin[(b, w)]) - base) for b in (1024, 2048) for w in (0, 5))
     assert f"within {spread:.2f} p.p. of B = 256's {base:.2f} %" in sec
@@ -236,12 +242,13 @@ def test_the_warm_up_prose_quotes_the_records():
 def test_the_steps_prose_on_the_flat_hlf_curves_holds_on_the_records():
     """The paragraph under the steps tables: where the HLF curves flatten (B >= 512 at error 0.06), every
     run of each batch's best setting reaches the target within the first fifth of its 100 validations."""
+    from pipeline.studies import steps_page
     from pipeline.studies import steps_to_result as s2r
 
     text = " ".join((REPO / "docs" / "results.md").read_text().split())
     assert ("Where the curves flatten (B >= 512 at error 0.06) every run that counts reaches the target within "
             "the first fifth of its validations") in text
-    _, _, _, recs = s2r.load("steps_to_result_hlf", REPO / "results")
+    _, _, _, recs = steps_page.load("steps_to_result_hlf", REPO / "results")
     checked = 0
     for pts in s2r.best_per_batch(recs, 0.06).values():
         for b, p in pts.items():
@@ -278,12 +285,7 @@ def test_the_lenet_warm_up_prose_quotes_the_records():
     head = "#### Linear scaling with and without gradual warm-up (Goyal et al.), LeNet-5"
     sec = text[text.index(head):text.index("### CIFAR-10 and ResNet-20")]
     sec = " ".join(sec[sec.index("<!-- /results-verdict -->"):].split())
-    fin, best = {}, {}
-    for f in sorted((REPO / "results" / "steps_to_result_lenet_warmup").glob("*/seed_*.json")):
-        rec = json.loads(f.read_text())
-        k = (int(rec["factors"]["variant"][1:]), rec["factors"]["train.warmup_epochs"])
-        fin.setdefault(k, []).append(100 * rec["metrics"]["val_accuracy"])
-        best.setdefault(k, []).append(100 * max(c["accuracy"] for c in rec["curve"] if c["split"] == "val"))
+    fin, best = _warmup_runs("steps_to_result_lenet_warmup")
     assert f"below B = 256's {np.mean(fin[(256, 0)]):.2f} %" in sec
     assert (f"{np.mean(fin[(2048, 2)]):.2f} % with the warm-up and {np.mean(fin[(2048, 0)]):.2f} % without" in sec
             and f"ended at {min(fin[(2048, 0)]):.2f} %" in sec)

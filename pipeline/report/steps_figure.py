@@ -2,7 +2,7 @@
 against the global batch on log-log axes, normalised by the steps at the smallest batch (as the plots
 of Shallue et al. that Bonet, Wang & Tang show), one line per workload, family and target, with the
 line of perfect scaling. The data comes from the run records
-(``pipeline.studies.steps_to_result.figure_data``); this module only draws it. Like the other figures
+(``pipeline.studies.steps_page.figure_data``); this module only draws it. Like the other figures
 of the page it carries the SHA-256 of its data (``results_figures.digest``) and no timestamp."""
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import StageConfig
 from ..errors import BadInputError, ConfigError, PipelineError
 from .grid import REPO, _same, factors_match
-from . import steps_to_result, time_claims
+from . import steps_page, time_claims
 from .records import study_records
 from .verdicts import VerdictSpec, judge, render_verdict
 
@@ -380,7 +380,7 @@ def regenerate(page: Path = PAGE, root: Path = RESULTS) -> tuple[str, list[str]]
         return m.group(1) + render_verdict_region(study, root) + m.group(5)
 
     # + the results-steps and results-time regions
-    return time_claims.regenerate(steps_to_result.regenerate(REGION.sub(sub, text), root, page), root), studies
+    return time_claims.regenerate(steps_page.regenerate(REGION.sub(sub, text), root, page), root), studies
 
 
 def stale_figures(page: Path, root: Path, studies: list[str]) -> list[tuple[Path, dict]]:
@@ -393,13 +393,13 @@ def stale_figures(page: Path, root: Path, studies: list[str]) -> list[tuple[Path
         path = figure_path(page, study)
         if stored_digest(path) != digest(data):
             out.append((path, data))
-    return out + steps_to_result.stale_figures(page.read_text(), root, page)
+    return out + steps_page.stale_figures(page.read_text(), root, page)
 
 
 def write_figures(stale: list[tuple[Path, dict]]) -> list[str]:
     from ..report.results_figures import draw
 
-    return [str(draw(data, path)) if "panels" in data else steps_to_result.write_figures([(path, data)])[0]
+    return [str(draw(data, path)) if "panels" in data else steps_page.write_figures([(path, data)])[0]
             for path, data in stale]
 
 
