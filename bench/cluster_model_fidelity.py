@@ -96,7 +96,7 @@ for _p in (REPO, REPO / "bench"):     # the pipeline, and fidelity_data beside t
         sys.path.insert(0, str(_p))
 
 from fidelity_model import (ALGORITHMS, COMM_SCOPE, FRAME_HEADER, GLOO_PREAMBLE, MODELS, MSS, ROUND, TARGET, WORLD,  # noqa: E402
-                            baselines, calibrated, model_bytes, per_byte_cost, predicted_comm, rule_counts)
+                            case_prediction, model_bytes, predicted_comm, rule_counts)
 
 BURST = "32kbit"      # the bucket's depth as tc takes it (fidelity_model.BURST_BYTES)
 
@@ -343,12 +343,10 @@ def _run(a, root: Path, load0) -> int:
                 comm = statistics.median(x["comm_s"] for x in mine)
                 comm_pred, avg_pred = predicted_comm(al, nbytes[m], compute, bps, a.latency_us * 1e-6, a.burst)
                 pred = compute + comm_pred
-                base = [x for x in results if x["rate"] == "base" and x["model"] == m and x["algorithm"] == al]
-                if base:    # the baseline's measured step plus what the shaped link adds to it
-                    bases = baselines(results, al)
-                    pred = calibrated(al, nbytes[m], *bases[m], bps, a.unshaped_rate * 1e6 / 8,
-                                      a.latency_us * 1e-6, a.overlap, a.burst,
-                                      per_byte_cost(al, {k: v[1] for k, v in bases.items()}, nbytes))
+                calib = case_prediction(results, nbytes, rate, m, al, a.unshaped_rate * 1e6 / 8, a.latency_us * 1e-6,
+                                        a.overlap, a.burst)
+                if calib is not None:    # the baseline's measured step plus what the shaped link adds to it
+                    pred = calib
                 share = comm / step if step > 0 else 0.0
                 ratio = pred / step if step > 0 else float("nan")
                 if al == "adpsgd":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Optional
 
 WORLD = 2
 TARGET = 0.15          # |predicted / measured - 1| at most this ...
@@ -232,16 +233,25 @@ def rule_counts(results: list[dict], nbytes: dict, base_bytes_per_s: float, late
             for rate, model, algo in keys:
                 mine = [x for x in results if (x["rate"], x["model"], x["algorithm"]) == (rate, model, algo)]
                 step = statistics.median(x["step_s"] for x in mine)
-                b = baselines(results, algo)
-                if model not in b or statistics.median(x["comm_s"] for x in mine) < COMM_SCOPE * step:
+                pred = case_prediction(results, nbytes, rate, model, algo, base_bytes_per_s, latency_s, overlap, burst)
+                if pred is None or statistics.median(x["comm_s"] for x in mine) < COMM_SCOPE * step:
                     continue
-                pred = calibrated(algo, nbytes[model], b[model][0], b[model][1], rate * 1e6 / 8,
-                                  base_bytes_per_s, latency_s, overlap, burst,
-                                  per_byte_cost(algo, {m: v[1] for m, v in b.items()}, nbytes))
                 n += 1
                 ok += abs(pred / step - 1) <= TARGET
             out[(overlap, burst)] = (ok, n)
     return out
+
+
+def case_prediction(results: list[dict], nbytes: dict, rate: float, model: str, algo: str, base_bytes_per_s: float,
+                    latency_s: float = 0.0, overlap: str = "add", burst: bool = True) -> Optional[float]:
+    """The predicted time per step of one shaped case (``rate`` Mbit/s on the wire) from its algorithm's
+    unshaped baselines in ``results`` (:func:`calibrated`, with :func:`per_byte_cost` from every model's
+    baseline); None where ``model`` has no baseline run."""
+    bases = baselines(results, algo)
+    if model not in bases:
+        return None
+    return calibrated(algo, nbytes[model], *bases[model], rate * 1e6 / 8, base_bytes_per_s, latency_s, overlap, burst,
+                      per_byte_cost(algo, {m: v[1] for m, v in bases.items()}, nbytes))
 
 
 def baselines(results: list[dict], algo: str) -> dict:
