@@ -57,6 +57,8 @@ FLAT_SLOPE = -0.15
 #: standard errors either side of one doubling's slope for its 95 % interval (shown on the page)
 Z_ONE = 1.96
 PERFECT, DIMINISHING, FLAT = "perfect scaling", "diminishing returns", "maximal data parallelism"
+#: the regimes' order along the batch (a curve whose classes' ranks fall goes back)
+_RANK = {PERFECT: 0, DIMINISHING: 1, FLAT: 2}
 GAP = "batches between not run"   # a span of more than one doubling: its slope is shown, not classified
 
 
@@ -206,7 +208,6 @@ def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
         return r
     start = min(points)
     bs = [b for b in bs if b >= start]
-    order = {PERFECT: 0, DIMINISHING: 1, FLAT: 2}
     for lo, hi in zip(bs, bs[1:]):
         if lo not in points or hi not in points:   # a batch that never reached the target: no benefit
             r.doublings.append((lo, hi, None, FLAT))
@@ -227,7 +228,7 @@ def regimes(points: dict[int, Point], batches: Iterable[int]) -> Regimes:
         r.max_useful, r.max_useful_ge = max(points), True
     else:
         r.max_useful = r.doublings[tail][0]
-    ranks = [order[d[3]] for d in r.doublings if d[3] != GAP]
+    ranks = [_RANK[d[3]] for d in r.doublings if d[3] != GAP]
     r.ordered = all(a <= b for a, b in zip(ranks, ranks[1:]))
     r.back_resolved = back_resolved(r, Z_ONE)
     return r
@@ -237,15 +238,14 @@ def back_resolved(r: Regimes, z: float) -> bool:
     """Whether a later doubling lies in an earlier class than a previous one at the ends of both
     intervals of ``z`` standard errors (the later one's flattest slope against the earlier one's
     steepest); a doubling to a batch that missed the target is no benefit for certain."""
-    order = {PERFECT: 0, DIMINISHING: 1, FLAT: 2}
     ends = []
     for (lo, hi, s, cls), se in zip(r.doublings, r.ses):
         if cls == GAP or se is None:
             continue
         if s is None:
-            ends.append((order[FLAT], order[FLAT]))
+            ends.append((_RANK[FLAT], _RANK[FLAT]))
         else:
-            ends.append((order[classify(s - z * se)], order[classify(s + z * se)]))   # (steepest, flattest)
+            ends.append((_RANK[classify(s - z * se)], _RANK[classify(s + z * se)]))   # (steepest, flattest)
     return any(later[1] < earlier[0] for i, earlier in enumerate(ends) for later in ends[i + 1:])
 
 
