@@ -16,13 +16,12 @@ import torch.distributed as dist
 
 from pipeline.train.comm.liveness import PREFIX, VERDICT, Liveness, store_key, wait_until
 from pipeline.train.comm.p2p import PeerError
-from pipeline.train.comm.ports import free_port
 
 
 @pytest.fixture()
 def store():
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+    port = server.port     # the store binds a port itself: no window between a check and the bind
     clients = []
 
     def client():
