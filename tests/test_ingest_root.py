@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -38,6 +39,48 @@ def test_step_size_parsing():
     with pytest.raises(ConfigError, match="step_size"):
         from pipeline.config import build_config
         build_config(IngestRootConfig, {"input": "x.root", "step_size": "lots"})
+
+
+def test_a_file_is_cut_evenly_at_the_nearest_cluster_starts():
+    from pipeline.ingest.root.planning import cut_ranges
+
+    clusters = list(range(0, 50_001, 5_000))
+    # 3 chunks of about 16,667 entries, at the nearest cluster starts: no short tail chunk
+    assert cut_ranges(0, 50_000, 18_000, clusters) == [(0, 15_000), (15_000, 35_000), (35_000, 50_000)]
+    # two task slots for this one file: a multiple of 2 chunks, each at most 3 clusters
+    four = cut_ranges(0, 50_000, 18_000, clusters, spread=2)
+    assert len(four) == 4 and max(b - a for a, b in four) <= 15_000
+    assert four[0][0] == 0 and four[-1][1] == 50_000 and all(x[1] == y[0] for x, y in zip(four, four[1:]))
+    assert all(a in clusters for a, _ in four)
+    # one chunk stays one chunk whatever the slots; no clusters: plain even cuts
+    assert cut_ranges(0, 50_000, 60_000, clusters, spread=4) == [(0, 50_000)]
+    assert cut_ranges(10, 40, 10, []) == [(10, 20), (20, 30), (30, 40)]
+    # a cluster over twice the target is split evenly; an entry window starts mid-cluster
+    assert cut_ranges(0, 100, 10, [90]) == [(i, i + 10) for i in range(0, 100, 10)]
+    assert cut_ranges(3, 25, 10, [0, 10, 20]) == [(3, 10), (10, 20), (20, 25)]
+
+
+def test_cluster_starts_are_uproots_common_entry_offsets(samples_dir, tmp_path):
+    import uproot
+
+    from pipeline.ingest.root import branches_by_name, open_tree
+    from pipeline.ingest.root.planning import _cluster_starts
+
+    path = tmp_path / "three.root"
+    with uproot.recreate(path) as f:
+        f.mktree("t", {"a": np.float64, "b": np.int64})
+        f["t"].extend({"a": np.arange(10.0), "b": np.arange(10)})
+        f["t"].extend({"a": np.arange(10.0), "b": np.arange(10)})
+        f["t"].extend({"a": np.arange(5.0), "b": np.arange(5)})
+    cases = [(path, "t", ["a", "b"]), (path, "t", ["b"]), (samples_dir / "nano_dy.root", "Events", None),
+             (samples_dir / "delphes.root", "Delphes", ["Jet.PT", "Electron.PT", "Event.Number"])]
+    for p, tree, names in cases:
+        t = open_tree(str(p), tree)
+        by_name = branches_by_name(t)
+        names = names or [n for n in by_name if "[" not in n and "*" not in n]
+        ours = _cluster_starts(t, by_name, names)
+        assert ours == [int(x) for x in uproot.open(p)[tree].common_entry_offsets(filter_name=names)], p
+    assert _cluster_starts(open_tree(str(path), "t"), branches_by_name(open_tree(str(path), "t")), ["a"]) == [0, 10, 20, 25]
 
 
 def test_plan_chunks_cuts_entry_ranges(delphes_root):
@@ -91,6 +134,73 @@ def test_ingest_delphes_matches_uproot(any_spark, delphes_root, tmp_path):
     assert schema_versions("root/delphes", SCHEMA_DIR) == reviewed
     rep2 = json.loads((out / "_report.json").read_text())
     assert rep2["files"][0]["entries"] == 25 and rep2["schema"]["name"] == "root/delphes"
+
+
+def _spark_jobs(spark, fn):
+    """fn()'s result and the number of places in our code that ran Spark jobs (a job group of its
+    own; one collect may run more than one job)."""
+    sc = spark.sparkContext
+    group = f"count-{time.monotonic_ns()}"
+    sc.setJobGroup(group, "counted")
+    try:
+        result = fn()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    st = sc.statusTracker()
+    return result, len({st.getStageInfo(s).name for j in st.getJobIdsForGroup(group) for s in st.getJobInfo(j).stageIds})
+
+
+def test_a_large_first_file_is_planned_once_and_cut_for_every_task_slot(spark, delphes_root, tmp_path):
+    """The driver opens the first file for the schema and cuts it there: its chunks go straight to
+    the second pass (one Spark job, no first-pass task opening it again), as many as a multiple of
+    the session's 2 slots; a second file still takes both passes. The rows are uproot's, in order."""
+    import uproot
+
+    branches = ["Jet.PT", "MissingET.MET", "Event.Number"]
+    t = uproot.open(delphes_root)["Delphes"]
+    second = tmp_path / "copy.root"
+    shutil.copy(delphes_root, second)
+    from pipeline.spark import get_spark
+    get_spark()           # its one-off check of the executors' Python is a Spark job: not counted
+    runs = {}
+    for name, inputs in {"one": [str(delphes_root)], "two": [str(delphes_root), str(second)]}.items():
+        cfg = IngestRootConfig(input=inputs, tree="Delphes", output=str(tmp_path / name), step_size=10,
+                               filter_name=branches, schema_dir=str(tmp_path / "schemas"))
+        runs[name] = _spark_jobs(spark, lambda: ingest_root(cfg, spark=spark))
+    (one, jobs_one), (two, jobs_two) = runs["one"], runs["two"]
+    assert jobs_one == 1 and jobs_two == 2
+    parts = one["files"][0]["parts"]
+    assert len(parts) == 4                            # ceil(25 / 10) = 3 chunks, a multiple of 2 slots
+    assert [p["entry_start"] for p in parts] == [0, 6, 12, 18] and parts[-1]["entry_stop"] == 25
+    assert [len(f["parts"]) for f in two["files"]] == [3, 3]       # two files fill the slots themselves
+    for name in runs:
+        table = _sorted_by_part(tmp_path / name)
+        copies = len(runs[name][0]["files"])
+        for b in branches:
+            assert table.column(b).to_pylist() == t[b].array(library="ak").tolist() * copies
+
+
+def test_a_file_rewritten_between_two_runs_of_one_session_is_read_anew(spark, tmp_path):
+    """The Python workers keep the last tree they opened; a file rewritten in place (other values,
+    other baskets) must not be read through the old file's metadata in the next run."""
+    import uproot
+
+    path = tmp_path / "in" / "events.root"
+    path.parent.mkdir()
+    runs = []
+    for seed, n in ((1, 30), (2, 40)):
+        x = np.random.default_rng(seed).normal(size=n)
+        with uproot.recreate(path) as f:
+            f["t"] = {"x": x[: n // 2], "i": np.arange(n // 2, dtype=np.int64) + seed * 1000}
+            f["t"].extend({"x": x[n // 2:], "i": np.arange(n // 2, n, dtype=np.int64) + seed * 1000})
+        out = tmp_path / f"out{seed}"
+        rep = ingest_root(IngestRootConfig(input=str(path), tree="t", output=str(out), step_size=7,
+                                           schema_dir=str(tmp_path / "schemas")), spark=spark)
+        assert rep["rows"] == n and len(rep["files"][0]["parts"]) > 1
+        table = _sorted_by_part(out)
+        assert table.column("i").to_pylist() == list(range(seed * 1000, seed * 1000 + n))
+        assert table.column("x").to_pylist() == x.tolist()
+        runs.append(table)
 
 
 def test_ingest_nanoaod_all_branches(spark, samples_dir, tmp_path):

@@ -60,8 +60,8 @@ def _parquet_events(path: str):
     return ak.from_arrow(read_parquet(path, columns=list(D.REQUIRED_BRANCHES)))
 
 
-def _unit_events(path: str, tree: str, a: int, b: int, step_size: Union[int, str], timeout_s: float) \
-        -> tuple[Any, int, int, int, list[tuple[int, int]], Optional[str]]:
+def _unit_events(path: str, tree: str, a: int, b: int, step_size: Union[int, str], timeout_s: float,
+                 scope: str) -> tuple[Any, int, int, int, list[tuple[int, int]], Optional[str]]:
     """(events or None, entry_start, entry_stop, entries, ranges, error) of one work unit. A whole
     ROOT file is the first pass (:func:`~pipeline.ingest.root.scan_file`): its one chunk is read on
     the open tree as that chunk, else only its ``entries`` and ``ranges`` come back; a chunk is the
@@ -73,7 +73,7 @@ def _unit_events(path: str, tree: str, a: int, b: int, step_size: Union[int, str
         except Exception as e:  # noqa: BLE001 - the driver reports the file
             return None, a, b, -1, [], error_text(e)
     if a != WHOLE_FILE:
-        events, err = read_range(path, tree, a, b, _read_events, timeout_s)
+        events, err = read_range(path, tree, a, b, _read_events, timeout_s, scope=scope)
         return events, a, b, -1, [], err
     scan = scan_file(path, FilePlanning(tree, list(D.REQUIRED_BRANCHES), step_size, timeout_s=timeout_s), _read_events)
     if scan.done and scan.ranges:
@@ -99,7 +99,7 @@ def feature_partition(batches: Iterator, *, target: JobTarget, step_size: Union[
         d = batch.to_pydict()
         for fi, path, tree, a, b in zip(d["file_index"], d["path"], d["tree"], d["entry_start"], d["entry_stop"]):
             n_read, n_sel, n_bytes, block = 0, 0, 0, None
-            ev, a, b, entries, ranges, err = _unit_events(path, tree, a, b, step_size, file_timeout_s)
+            ev, a, b, entries, ranges, err = _unit_events(path, tree, a, b, step_size, file_timeout_s, target.staging)
             if ev is not None and err is None:
                 try:
                     block = D.compute_features(ev)

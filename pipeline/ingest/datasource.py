@@ -33,6 +33,7 @@ planning with one line naming it (``BadInputError``); the whole read stops (use 
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -143,12 +144,14 @@ class RootDataSource(DataSource):
         target = _spark_arrow_schema(plan.schema)
         target = pa.schema([f.with_nullable(nullable.get(f.name, f.nullable)) for f in target])
         return RootReader([(c.path, c.tree, c.entry_start, c.entry_stop) for c in plan.chunks], names,
-                          target)
+                          target, uuid.uuid4().hex)
 
 
 class RootReader(DataSourceReader):
-    def __init__(self, chunks: list, branches: list[str], target) -> None:
-        self.chunks, self.branches, self.target = chunks, branches, target
+    """The chunks of one read; ``scope`` keeps a worker's open tree to this read alone."""
+
+    def __init__(self, chunks: list, branches: list[str], target, scope: str) -> None:
+        self.chunks, self.branches, self.target, self.scope = chunks, branches, target, scope
 
     def partitions(self):
         return [InputPartition(c) for c in self.chunks]
@@ -156,7 +159,7 @@ class RootReader(DataSourceReader):
     def read(self, partition) -> Iterator:
         path, tree, a, b = partition.value
         try:
-            table = to_arrow(read_chunk(path, tree, self.branches, a, b))
+            table = to_arrow(read_chunk(path, tree, self.branches, a, b, scope=self.scope))
         except BadInputError as e:
             raise BadInputError(f"{path}: {e}") from None
         except Exception as e:  # noqa: BLE001 - one line naming the file

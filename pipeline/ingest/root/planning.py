@@ -2,6 +2,7 @@
 clusters the selected branches share (an RNTuple: to its clusters)."""
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
@@ -11,7 +12,7 @@ from ...spark import task_frame
 from .config import FILE_TIMEOUT_S, parse_step_size
 from .deadline import ReadTimeout, read_deadline
 from .schema import supported_branches
-from .trees import branches_by_name, error_text, is_rntuple, match_branches, open_tree
+from .trees import OpenedTree, branches_by_name, error_text, is_rntuple, match_branches, open_tree
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Plan:
     branches: list[str] = field(default_factory=list)   # resolved on the first good file
     schema: Any = None                                   # their Arrow schema (pyarrow.Schema)
     first_table: Any = None    # keep_first_chunk: the first good file's only chunk, read for the schema
+    first_opened: Optional[OpenedTree] = None   # keep_first_chunk: that file's open tree, when it is several chunks
 
     @property
     def bad(self) -> list[BadFile]:
@@ -77,21 +79,68 @@ def _bytes_per_entry(t, by_name: dict, branches: list[str]) -> float:
     return total / max(t.num_entries, 1)
 
 
-def _cluster_starts(t, branches: list[str]) -> list[int]:
-    """Entry numbers where the basket clusters (TTree) or the clusters (RNTuple) start."""
+def _cluster_starts(t, by_name: dict, branches: list[str]) -> list[int]:
+    """Entry numbers where the basket clusters (TTree: where every selected branch with baskets
+    starts a basket, uproot's ``common_entry_offsets`` rule over the branch objects themselves,
+    not a name filter over the tree) or the clusters (RNTuple) start."""
     try:
         if is_rntuple(t):
             return [int(c.num_first_entry) for c in t.cluster_summaries]
-        return [int(x) for x in t.common_entry_offsets(filter_name=branches)]
+        common: Optional[set] = None
+        for name in branches:
+            b = by_name[name]
+            if b.num_baskets == 0:
+                continue
+            own = {int(x) for x in b.entry_offsets}
+            common = own if common is None else common & own
+        return [0] if common is None else sorted(common)
     except ReadTimeout:
         raise
     except Exception:  # noqa: BLE001 - fall back to plain ranges
         return []
 
 
+def _nearest(sorted_values: list[int], x: int) -> int:
+    """The value of ``sorted_values`` nearest ``x`` (ties: the smaller)."""
+    i = bisect.bisect_left(sorted_values, x)
+    near = sorted_values[max(0, i - 1):i + 1]
+    return min(near, key=lambda v: (abs(v - x), v))
+
+
+def cut_ranges(start: int, stop: int, target: int, bounds: list[int], spread: int = 1) -> list[tuple[int, int]]:
+    """Entries [start, stop) in ranges of about ``target`` entries: k = ceil(n / target) even cuts
+    (rounded up to a multiple of ``spread`` when the range is more than one chunk, so that
+    ``spread`` task slots get equal shares of one file), each moved to the nearest cluster start in
+    ``bounds`` (ties: the earlier one). A range still over twice the target (a cluster larger than
+    that) is split evenly."""
+    if stop <= start:
+        return []
+    n = stop - start
+    k = -(-n // max(1, target))
+    if k <= 1:
+        return [(start, stop)]                     # one chunk: no need for the cluster boundaries
+    k = -(-k // max(1, spread)) * max(1, spread)
+    inside = sorted({b for b in bounds if start < b < stop})
+    cuts = [start]
+    for i in range(1, k):
+        ideal = start + n * i // k
+        edge = _nearest(inside, ideal) if inside else ideal
+        if edge > cuts[-1]:
+            cuts.append(edge)
+    if cuts[-1] != stop:
+        cuts.append(stop)
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        m = -(-(b - a) // target) if (b - a) > 2 * target else 1   # split oversize clusters
+        edges = [a + (b - a) * i // m for i in range(m + 1)]
+        out.extend((x, y) for x, y in zip(edges[:-1], edges[1:]) if y > x)
+    return out
+
+
 def _ranges(t, by_name: dict, branches: list[str], mode: str, size: int, start: int,
-            stop: int) -> list[tuple[int, int]]:
-    """Entry ranges of about ``size`` (entries or bytes), snapped to the cluster boundaries."""
+            stop: int, spread: int = 1) -> list[tuple[int, int]]:
+    """Entry ranges of about ``size`` (entries or bytes), snapped to the cluster boundaries
+    (:func:`cut_ranges`)."""
     if stop <= start:
         return []
     if mode == "entries":
@@ -99,34 +148,22 @@ def _ranges(t, by_name: dict, branches: list[str], mode: str, size: int, start: 
     else:
         target = max(1, int(size // max(_bytes_per_entry(t, by_name, branches), 1.0)))
     if stop - start <= target:
-        return [(start, stop)]                     # one chunk: no need for the cluster boundaries
-    bounds = [x for x in _cluster_starts(t, branches) if start < x < stop]
-    cuts = [start]
-    for b in bounds:
-        if b - cuts[-1] >= target:
-            cuts.append(b)
-    if cuts[-1] != stop:
-        cuts.append(stop)
-    out = []
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        k = max(1, -(-(b - a) // target)) if (b - a) > 2 * target else 1   # split oversize clusters
-        edges = [a + (b - a) * i // k for i in range(k + 1)]
-        out.extend((x, y) for x, y in zip(edges[:-1], edges[1:]) if y > x)
-    return out
+        return [(start, stop)]                     # one chunk: the cluster boundaries are not read
+    return cut_ranges(start, stop, target, _cluster_starts(t, by_name, branches), spread)
 
 
 def plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[list[str]], mode: str, size: int,
-              entry_start: Optional[int] = None, entry_stop: Optional[int] = None):
+              entry_start: Optional[int] = None, entry_stop: Optional[int] = None, spread: int = 1):
     """Open one file's tree metadata: (tree, branches, entries, entry ranges, schema). BadInputError
     if unusable. ``resolved`` is the branch list fixed by the first good file (None: resolve it
-    here, with its Arrow schema; otherwise the schema is None).
+    here, with its Arrow schema; otherwise the schema is None); ``spread``: see :func:`cut_ranges`.
     """
-    return _plan_file(path, tree, filter_name, resolved, mode, size, entry_start, entry_stop)[:5]
+    return _plan_file(path, tree, filter_name, resolved, mode, size, entry_start, entry_stop, spread=spread)[:5]
 
 
 def _plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[list[str]], mode: str,
                         size: int, entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
-                        keep_chunk: bool = False):
+                        keep_chunk: bool = False, spread: int = 1):
     """:func:`plan_file` plus the table the schema was read from. With ``keep_chunk``, a file
     (resolving the branches) whose entries [0, stop) are one chunk is read whole for its schema,
     so that the caller can write that table instead of reading the file a second time; otherwise
@@ -150,7 +187,7 @@ def _plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[
         absent = [x for x in resolved if x not in have]
         if absent:
             raise BadInputError(f"missing branch {absent[0]!r} in tree {tree!r}")
-    ranges = _ranges(t, by_name, resolved, mode, size, a, b)
+    ranges = _ranges(t, by_name, resolved, mode, size, a, b, spread)
     if table is not None and (ranges != [(0, table.num_rows)] or table.num_rows == 0):
         table = None
     return t, resolved, max(0, b - a), ranges, schema, table
@@ -159,16 +196,18 @@ def _plan_file(path: str, tree: str, filter_name: list[str], resolved: Optional[
 def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: Union[int, str] = "100 MB",
                 entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
                 progress: bool = True, stop_after_first_good: bool = False,
-                file_timeout_s: Optional[float] = FILE_TIMEOUT_S, keep_first_chunk: bool = False) -> Plan:
+                file_timeout_s: Optional[float] = FILE_TIMEOUT_S, keep_first_chunk: bool = False,
+                spread: int = 1) -> Plan:
     """Open each file's tree metadata on the driver and cut it into chunks; bad files (also one
     that takes longer than ``file_timeout_s``) are recorded, not raised. The branch selection and
     the Arrow schema come from the first good file; with ``keep_first_chunk``, when that file is
-    one chunk starting at entry 0, it is read whole for the schema and kept as ``first_table``."""
+    one chunk starting at entry 0, it is read whole for the schema and kept as ``first_table``.
+    ``spread``: a file of several chunks is cut into a multiple of it (:func:`cut_ranges`)."""
     mode, size = parse_step_size(step_size)
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
     resolved: Optional[list[str]] = None
-    schema = first_table = None
+    schema = first_table = first_opened = None
     it: Iterable = enumerate(files)
     if progress and len(files) > 3 and not stop_after_first_good:
         from tqdm import tqdm
@@ -180,9 +219,11 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
             with read_deadline(file_timeout_s):
                 t, branches, info.entries, ranges, found, table = _plan_file(
                     path, tree, filter_name, resolved, mode, size, entry_start, entry_stop,
-                    keep_chunk=keep_first_chunk and resolved is None)
+                    keep_chunk=keep_first_chunk and resolved is None, spread=spread)
             if resolved is None:
                 resolved, schema, first_table = branches, found, (table if keep_first_chunk else None)
+                if keep_first_chunk and len(ranges) > 1:
+                    first_opened = _opened(t, path, tree)
             for x, y in ranges:
                 chunks.append(Chunk(len(chunks), i, path, tree, x, y))
                 info.chunks += 1
@@ -192,7 +233,17 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
             continue
         if stop_after_first_good:
             break
-    return Plan(infos, chunks, resolved or [], schema, first_table)
+    return Plan(infos, chunks, resolved or [], schema, first_table, first_opened)
+
+
+def _opened(t, path: str, tree: str) -> Optional[OpenedTree]:
+    """The driver's open tree for the tasks that read its chunks; None if it cannot be carried
+    (the tasks open the file themselves)."""
+    try:
+        return OpenedTree.of(t, path, tree)
+    except Exception as e:  # noqa: BLE001 - an optimisation only
+        log.info("%s: the tasks open the file themselves (%s)", path, error_text(e))
+        return None
 
 
 def chunks_dataframe(spark, chunks: list[Chunk], tasks: Optional[list[int]] = None):

@@ -28,7 +28,7 @@ from ...commit import OutputJob, output_job
 from ...errors import BadInputError
 from ...fs import location
 from ...paths_overlap import check_apart
-from ...spark import forward_s3_settings, get_spark, spark_task, task_frame
+from ...spark import default_parallelism, forward_s3_settings, get_spark, spark_task, task_frame
 from ...tables import quarantine
 from ...tables.job import check_table_target, delta_job
 from ...tables.types import delta_schema
@@ -83,8 +83,11 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
             return nothing_new(cfg, run, out, n_inputs)
         files = run.files
     log.info("ingest_root: %d file(s), tree %r, branches %s", len(files), cfg.tree, cfg.filter_name)
+    spark = spark or get_spark(cfg.spark)
+    spread = chunk_spread(default_parallelism(spark), len(files))
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
-                      stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True)
+                      stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True,
+                      spread=spread)
     if ref.schema is None:
         if run is not None and run.state is not None and run.state.version is not None:
             return _failures_only(cfg, run, out, [{"file": f.path, "error": f.error} for f in ref.files], t_start)
@@ -93,13 +96,12 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
         check_partitions(cfg, files, ref.branches)
         ref.schema = delta_schema(ref.schema)           # the types a Delta table stores (no unsigned)
         check_schema(cfg, out, ref.schema, next(f.path for f in ref.files if not f.error))
-    spark = spark or get_spark(cfg.spark)
     if not out.is_local or any(f.startswith("s3://") for f in files):   # the tasks reach the store themselves
         forward_s3_settings(spark)
     if run is not None:
-        return _ingest_table(spark, cfg, files, ref, run, out, t_start)
+        return _ingest_table(spark, cfg, files, ref, run, out, t_start, spread)
     with output_job(out) as job:
-        per_file = _run(spark, cfg, files, ref, job)
+        per_file = _run(spark, cfg, files, ref, job, spread)
         n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
         if not any(rel.endswith(".parquet") for rel in job.kept()):
             job.write_table("part-empty.parquet", ref.schema.empty_table())   # readers still see the columns
@@ -111,13 +113,14 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     return report
 
 
-def _ingest_table(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, run, out, t_start: float) -> dict:
+def _ingest_table(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, run, out, t_start: float,
+                  spread: int) -> dict:
     """The two passes into a Delta table's job, committed as one log entry (:mod:`pipeline.tables.job`)."""
     first = next(f.path for f in ref.files if not f.error)
     try:
         with delta_job(out, partition_by=(cfg.partition_by,) if cfg.partition_by else (),
                        overwrite=cfg.mode == "overwrite", add_columns=cfg.schema_changes == "add_columns") as job:
-            per_file = _run(spark, cfg, files, ref, job)
+            per_file = _run(spark, cfg, files, ref, job, spread)
             n_rows = sum(f["rows"] for f in per_file if not f.get("error"))
             bad = [f for f in per_file if f.get("error")]
             if len(bad) == len(per_file):              # no data to commit: the table's rows stay as they were
@@ -178,15 +181,24 @@ def _raise_bad(cfg: IngestRootConfig, report: dict, n_files: int, where: str) ->
                             f"{b['file']}: {b['reason']}")
 
 
-def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJob) -> list[dict]:
-    """Both passes; the per-file report. The parts of the good files are kept in ``job``."""
+def chunk_spread(slots: int, n_files: int) -> int:
+    """With fewer input files than task slots, each file of several chunks is cut into a multiple
+    of ceil(slots / files) chunks, so that one large file keeps every slot busy; otherwise the
+    files themselves spread over the slots (1)."""
+    return -(-slots // n_files) if 0 < n_files < slots else 1
+
+
+def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJob, spread: int = 1) -> list[dict]:
+    """Both passes; the per-file report. The parts of the good files are kept in ``job``. The
+    first good file was planned on the driver (for the schema): written there when it is one
+    chunk, else its chunks go to the second pass directly, without a first-pass task."""
     errors = {f.file_index: f.error for f in ref.files if f.error}
     first_good = len(ref.files) - 1
     branches, schema = ref.branches, ref.schema
-    first = _write_first(ref, first_good, job, cfg.row_group_rows)
+    first = _write_first(ref, first_good, job, cfg.row_group_rows) or _planned_first(ref, first_good)
     todo = [(i, p) for i, p in enumerate(files) if i >= first_good and not (first and i == first_good)]
     planning = FilePlanning(cfg.tree, branches, cfg.step_size, cfg.filter_name, cfg.entry_start, cfg.entry_stop,
-                            cfg.file_timeout_s)
+                            cfg.file_timeout_s, spread)
     scanned = dict(first)
     if todo:
         scan = functools.partial(scan_partition, planning=planning, schema=schema_bytes(schema), target=job.target,
@@ -197,11 +209,13 @@ def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJ
     chunks = second_pass_chunks(files, cfg.tree, {fi: (r["starts"], r["stops"]) for fi, r in scanned.items()
                                                   if not r["error"] and not r["done"]})
     statuses = []
+    chunk_files = {c.file_index for c in chunks}
     if chunks:
         log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
                  len({c.file_index for c in chunks}))
         fn = functools.partial(ingest_partition, branches=branches, schema=schema_bytes(schema), target=job.target,
-                               row_group_rows=cfg.row_group_rows, timeout_s=cfg.file_timeout_s)
+                               row_group_rows=cfg.row_group_rows, timeout_s=cfg.file_timeout_s,
+                               opened=ref.first_opened if first_good in chunk_files else None)
         statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
             spark_task(fn), result_ddl(STATUS_FIELDS)).collect()]
     per_file = _summarise(files, errors, scanned, chunks, statuses)
@@ -226,6 +240,16 @@ def _write_first(ref: Plan, fi: int, job: OutputJob, row_group_rows: Optional[in
         return {}
     return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [0], "stops": [table.num_rows],
                  "rows": [n], "parts": [part if n else None], "done": True, "error": None}}
+
+
+def _planned_first(ref: Plan, fi: int) -> dict:
+    """The scan row of the first good file from the driver's plan, when it is several chunks ({}
+    otherwise: a task converts it)."""
+    ranges = [(c.entry_start, c.entry_stop) for c in ref.chunks if c.file_index == fi]
+    if len(ranges) <= 1:
+        return {}
+    return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [a for a, _ in ranges],
+                 "stops": [b for _, b in ranges], "rows": [], "parts": [], "done": False, "error": None}}
 
 
 def _summarise(files: list[str], errors: dict, scanned: dict, chunks: list[Chunk], statuses: list[dict]) -> list[dict]:

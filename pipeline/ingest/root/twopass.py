@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 from .config import FILE_TIMEOUT_S, parse_step_size
 from .deadline import read_deadline
 from .planning import Chunk, plan_file
-from .trees import cached_tree, error_text
+from .trees import OpenedTree, cached_tree, error_text
 
 #: the stage's work on one entry range of an open tree: ``read(tree, entry_start, entry_stop)``
 Read = Callable[[Any, int, int], Any]
@@ -38,7 +38,8 @@ Read = Callable[[Any, int, int], Any]
 class FilePlanning:
     """How a task plans a file (picklable): the tree, the branch selection fixed for every file
     (``branches``; ``filter_name`` is checked against the file), the chunk size and entry window,
-    the time limit."""
+    the time limit, and ``spread``: a file of several chunks is cut into a multiple of it
+    (:func:`~pipeline.ingest.root.planning.cut_ranges`)."""
 
     tree: str
     branches: list[str]
@@ -47,6 +48,7 @@ class FilePlanning:
     entry_start: Optional[int] = None
     entry_stop: Optional[int] = None
     timeout_s: Optional[float] = FILE_TIMEOUT_S
+    spread: int = 1
 
 
 @dataclass
@@ -70,7 +72,7 @@ def scan_file(path: str, planning: FilePlanning, read: Optional[Read] = None) ->
         with read_deadline(planning.timeout_s):
             t, _, scan.entries, scan.ranges, _ = plan_file(
                 path, planning.tree, planning.filter_name or planning.branches, planning.branches, mode, size,
-                planning.entry_start, planning.entry_stop)
+                planning.entry_start, planning.entry_stop, planning.spread)
             if len(scan.ranges) <= 1:
                 scan.done = True
                 if scan.ranges and read is not None:
@@ -91,11 +93,14 @@ def second_pass_chunks(files: list[str], tree: str, scans: dict[int, tuple[list[
 
 
 def read_range(path: str, tree: str, entry_start: int, entry_stop: int, read: Read,
-               timeout_s: Optional[float] = FILE_TIMEOUT_S) -> tuple[Any, Optional[str]]:
+               timeout_s: Optional[float] = FILE_TIMEOUT_S,
+               opened: Optional[OpenedTree] = None, scope: Optional[str] = None) -> tuple[Any, Optional[str]]:
     """Second pass over one chunk (in a task): (``read`` of the range on the worker's cached tree,
-    None) or (None, the reason it failed)."""
+    None) or (None, the reason it failed). ``opened``: the tree the driver opened, used when it
+    is this file's; ``scope``: the job, for which alone the worker keeps the tree
+    (:func:`~pipeline.ingest.root.trees.cached_tree`)."""
     try:
         with read_deadline(timeout_s):
-            return read(cached_tree(path, tree), entry_start, entry_stop), None
+            return read(cached_tree(path, tree, opened, scope), entry_start, entry_stop), None
     except Exception as e:  # noqa: BLE001 - the driver reports the file
         return None, error_text(e)
