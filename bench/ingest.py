@@ -5,7 +5,7 @@ Delphes also the same files read over ``root://`` from a real XRootD server on l
 local reads. Not a test: prints measured figures and ratios (compare only numbers from the same run).
 
     .venv/bin/python bench/ingest.py [--case nano|delphes|all] [--cores 2] [--repeat 3]
-                                     [--nano-copies 20] [--large-events 50000] [--profile]
+                                     [--nano-copies 20] [--large-events 100000] [--profile]
                                      [--copies 8] [--branches all|config] [--no-remote] [--small]
 
 Cases (``--case``; the default ``nano`` runs the two NanoAOD ones, in a few minutes):
@@ -17,7 +17,7 @@ Cases (``--case``; the default ``nano`` runs the two NanoAOD ones, in a few minu
   value is invented), the same 1,499 branches, ZLIB level 1, clusters of 5,000 events; written once
   into the data cache (``$PIPELINE_DATA/bench-ingest/``, never the checkout). Its branches repeat
   40 values, so its baskets compress about 6x (the real file's: 1.5x): it is sized by events
-  (10^5 events: 92 MB on disk). The issue's size: ``--large-events 100000``.
+  (10^5 events, the default and the issue's size: 92 MB on disk).
 * ``delphes``: ``--copies`` symlinks of the real ``delphes.root`` (5.4 MB, 25 events), ``--branches
   all`` (1105 branches, arrays of ROOT objects included) or ``config`` (``configs/ingest_root.yaml``'s
   feature branches; hepconvert cannot select Delphes split-branch names, so it is not run then),
@@ -27,7 +27,8 @@ Cases (``--case``; the default ``nano`` runs the two NanoAOD ones, in a few minu
 All sides write snappy Parquet without dictionary encoding, with column statistics (ingest_root's
 ``PARQUET_WRITE_OPTIONS``, hepconvert's defaults with ``compression="snappy"``). Each peer runs in
 its own interpreter, started once and warmed up on one untimed file; the Spark side runs after one
-warm-up run (Python workers started) and its time includes the driver's planning and schema read.
+warm-up run (Python workers started) and its time includes the driver's planning and schema read;
+every run opens its files anew (a Python worker keeps an open tree for one job only).
 The sides run ``--repeat`` rounds in a rotating order and the median round is reported (a shared
 VM's speed drifts by tens of percent over minutes); every round prints the load average.
 
@@ -471,7 +472,7 @@ def main(argv=None) -> int:
     ap.add_argument("--case", choices=["nano", "nano-small", "nano-large", "delphes", "all"], default="nano",
                     help="nano: nano-small and nano-large")
     ap.add_argument("--nano-copies", type=int, default=20, help="copies of nano_dy.root (345 KB each)")
-    ap.add_argument("--large-events", type=int, default=50000,
+    ap.add_argument("--large-events", type=int, default=100000,
                     help="events of the generated large NanoAOD file (20,000 and fewer: one 100 MB chunk)")
     ap.add_argument("--profile", action="store_true", help="print where one process's time goes (NanoAOD cases)")
     ap.add_argument("--ab", action="store_true", help="print each change of the read, measured in one process")

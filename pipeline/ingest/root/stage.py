@@ -4,7 +4,8 @@
    file's tree and resolves the branch selection there (uproot ``filter_name`` semantics); the
    Arrow schema comes from a REAL read of the first entry (:mod:`.schema`). When that file is one
    chunk, the driver reads it whole for the schema and writes its part itself, so that no task
-   reads the file a second time.
+   reads the file a second time; when it is several, its chunks go to the second pass directly,
+   with the driver's open tree.
 2. **First pass, one Spark task per file, then a second pass, one task per chunk of the larger
    files** (:mod:`.twopass`, task bodies in :mod:`.tasks`): the tasks write their parts straight
    to the output's filesystem under the job's prefix (:mod:`pipeline.commit`); only a small status

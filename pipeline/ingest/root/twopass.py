@@ -13,7 +13,7 @@ that reads the file, not serially on the driver:
 2. **On the driver** (:func:`second_pass_chunks`): the ranges of the files the first pass only
    planned become chunks.
 3. **Second pass, one unit per chunk** (:func:`read_range`, in a task): ``read`` on the worker's
-   cached tree of the file, within ``timeout_s``.
+   cached tree of the file (kept for one job), within ``timeout_s``.
 
 ``read`` holds the stage's work on the input (reading, converting, computing); its exceptions make
 the file a bad file (one line, its reason). The stage writes the result itself, after these
