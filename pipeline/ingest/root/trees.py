@@ -1,8 +1,9 @@
 """Opening a TTree or RNTuple with uproot and reading entry ranges of its branches as Arrow.
 
 :func:`read_arrow` is the read every task does. A flat numeric branch (one number per entry: 1,120
-of a CMS NanoAOD file's 1,499) is read as a NumPy array (``library="np"``) and wrapped as an Arrow
-array without a copy, instead of a detour through an awkward array per branch; every other branch
+of a CMS NanoAOD file's 1,499) is read as a NumPy array, straight from its baskets in a local file
+(:mod:`.baskets`; else uproot's ``library="np"``), and wrapped as an Arrow array without a copy,
+instead of a detour through an awkward array per branch; every other branch
 (jagged, fixed-size, objects, an RNTuple's fields) goes uproot -> awkward -> Arrow
 (:func:`to_arrow`). Plain branches take their interpretation from the ones this worker found for
 the same leaf before (:func:`~pipeline.ingest.uproot_adapter.reuse_interpretations`), and ZLIB
@@ -23,6 +24,7 @@ from ...errors import BadInputError
 from ...fs import open_root
 from ..uproot_adapter import (index_nested_branches, index_rntuple_fields, memoize_classnames, reuse_interpretations,
                               tree_from_state, tree_state, use_fast_zlib)
+from .baskets import read_flat
 from .config import FILE_TIMEOUT_S
 from .deadline import ReadTimeout, read_deadline
 
@@ -196,7 +198,9 @@ def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int):
     flat = [n for n in branches if is_flat(t[n].interpretation)]
     cols: dict = {}
     if flat:
-        arrays = t.arrays(flat, entry_start=entry_start, entry_stop=entry_stop, library="np")
+        arrays, rest_flat = read_flat(t, flat, entry_start, entry_stop)
+        if rest_flat:
+            arrays.update(t.arrays(rest_flat, entry_start=entry_start, entry_stop=entry_stop, library="np"))
         for n in flat:
             a = pa.array(arrays[n])
             cols[n] = (pa.field(n, a.type, nullable=False), a)
