@@ -165,3 +165,40 @@ def test_a_corrupt_basket_is_left_to_uproot_which_reports_it(tmp_path, samples_d
     assert rest == ["run"] and list(got) == ["luminosityBlock"]
     with pytest.raises(Exception):
         read_arrow(t, ["run"], 0, 40)
+
+
+def test_jagged_branches_read_from_their_baskets_are_the_awkward_paths_lists(samples_dir, tmp_path):
+    """Every NanoAOD collection member (379 branches of numbers per entry) read straight from its
+    baskets: none left to uproot, and the Arrow lists of the awkward path, type and values; the
+    same on a generated file of several baskets, over ranges that cut through them."""
+    import awkward as ak
+
+    from pipeline.ingest.root.baskets import is_plain_jagged, read_jagged
+
+    t = open_tree(str(samples_dir / "nano_dy.root"), "Events")
+    jagged = [n for n in t.keys() if is_plain_jagged(t[n].interpretation)]
+    assert len(jagged) == 379
+    path = tmp_path / "jagged.root"
+    rng = np.random.default_rng(3)
+    with uproot.recreate(path, compression=uproot.ZLIB(1)) as f:
+        f.mktree("t", {"nJ": np.int32, "J_pt": "var * float32", "J_id": "var * uint8", "J_ok": "var * bool"},
+                 counter_name=lambda counted: "nJ", field_name=lambda outer, inner: f"J_{inner}")
+        for n in (60, 25, 90):
+            counts = rng.integers(0, 5, n)
+            items = int(counts.sum())
+            f["t"].extend({"nJ": counts.astype(np.int32),
+                           "J_pt": ak.unflatten(rng.normal(size=items).astype(np.float32), counts),
+                           "J_id": ak.unflatten(rng.integers(0, 255, items).astype(np.uint8), counts),
+                           "J_ok": ak.unflatten(rng.integers(0, 2, items).astype(bool), counts)})
+    g = open_tree(str(path), "t")
+    cases = [(t, jagged, [(0, 40), (5, 17), (39, 40), (7, 7)]),
+             (g, ["J_pt", "J_id", "J_ok"], [(0, 175), (59, 61), (60, 85), (10, 170)])]
+    for tree, names, ranges in cases:
+        for a, b in ranges:
+            got, rest = read_jagged(tree, names, a, b)
+            assert rest == [] and list(got) == names
+            ref = to_arrow(read_arrays(tree, names, a, b))
+            for n in names:
+                assert got[n].type == ref.schema.field(n).type, n
+                assert ak.array_equal(ak.from_arrow(got[n]), ak.from_arrow(ref.column(n).combine_chunks()),
+                                      equal_nan=True, dtype_exact=True), (n, a, b)

@@ -3,7 +3,8 @@
 :func:`read_arrow` is the read every task does. A flat numeric branch (one number per entry: 1,120
 of a CMS NanoAOD file's 1,499) is read as a NumPy array, straight from its baskets in a local file
 (:mod:`.baskets`; else uproot's ``library="np"``), and wrapped as an Arrow array without a copy,
-instead of a detour through an awkward array per branch; every other branch
+instead of a detour through an awkward array per branch; so is a branch of numbers per entry (a
+NanoAOD collection's member), as an Arrow list array; every other branch
 (jagged, fixed-size, objects, an RNTuple's fields) goes uproot -> awkward -> Arrow
 (:func:`to_arrow`). Plain branches take their interpretation from the ones this worker found for
 the same leaf before (:func:`~pipeline.ingest.uproot_adapter.reuse_interpretations`), and ZLIB
@@ -24,7 +25,7 @@ from ...errors import BadInputError
 from ...fs import open_root
 from ..uproot_adapter import (index_nested_branches, index_rntuple_fields, memoize_classnames, reuse_interpretations,
                               tree_from_state, tree_state, use_fast_zlib)
-from .baskets import read_flat
+from .baskets import is_plain_jagged, read_flat, read_jagged
 from .config import FILE_TIMEOUT_S
 from .deadline import ReadTimeout, read_deadline
 
@@ -203,6 +204,11 @@ def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int):
             arrays.update(t.arrays(rest_flat, entry_start=entry_start, entry_stop=entry_stop, library="np"))
         for n in flat:
             a = pa.array(arrays[n])
+            cols[n] = (pa.field(n, a.type, nullable=False), a)
+    jagged = [n for n in branches if n not in cols and is_plain_jagged(t[n].interpretation)]
+    if jagged:
+        lists, _ = read_jagged(t, jagged, entry_start, entry_stop)
+        for n, a in lists.items():
             cols[n] = (pa.field(n, a.type, nullable=False), a)
     rest = [n for n in branches if n not in cols]
     if rest:
