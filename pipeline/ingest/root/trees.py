@@ -185,10 +185,11 @@ def is_flat(interpretation) -> bool:
     return dt.shape == () and dt.kind in "biuf" and dt.isnative
 
 
-def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int):
+def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int, direct: bool = True):
     """The ``branches`` of entries [entry_start, entry_stop) as a pyarrow Table (the columns and
     types of ``to_arrow(read_arrays(...))``): flat numeric branches through NumPy, the others
-    through awkward."""
+    through awkward; with ``direct`` (the default), flat and plain jagged branches of a local file
+    straight from their baskets (:mod:`.baskets`; ``direct=False`` measures uproot's own read)."""
     import pyarrow as pa
 
     if is_rntuple(t):
@@ -199,13 +200,13 @@ def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int):
     flat = [n for n in branches if is_flat(t[n].interpretation)]
     cols: dict = {}
     if flat:
-        arrays, rest_flat = read_flat(t, flat, entry_start, entry_stop)
+        arrays, rest_flat = read_flat(t, flat, entry_start, entry_stop) if direct else ({}, flat)
         if rest_flat:
             arrays.update(t.arrays(rest_flat, entry_start=entry_start, entry_stop=entry_stop, library="np"))
         for n in flat:
             a = pa.array(arrays[n])
             cols[n] = (pa.field(n, a.type, nullable=False), a)
-    jagged = [n for n in branches if n not in cols and is_plain_jagged(t[n].interpretation)]
+    jagged = [n for n in branches if direct and n not in cols and is_plain_jagged(t[n].interpretation)]
     if jagged:
         lists, _ = read_jagged(t, jagged, entry_start, entry_stop)
         for n, a in lists.items():
