@@ -56,46 +56,6 @@ def test_every_nanoaod_dtype_equals_uproots_arrays(samples_dir):
     assert table.schema.field("Muon_charge").type == pa.list_(pa.field("item", pa.int32(), nullable=False))
 
 
-def _read_carried(opened, path, tree, branches, stop):
-    """In a fresh process: the tree ``opened`` carries, read as Arrow; and whether the file was opened."""
-    from pipeline.ingest.root import trees
-
-    calls = []
-    real = trees.open_tree
-    trees.open_tree = lambda *a: calls.append(a) or real(*a)
-    table = read_arrow(trees.cached_tree(path, tree, opened), branches, 0, stop)
-    return table, len(calls)
-
-
-def test_a_tree_opened_by_the_driver_reads_the_same_in_a_task_and_a_changed_file_is_opened_anew(samples_dir,
-                                                                                                 tmp_path):
-    """The driver's open tree of a large file serves the tasks that read its chunks (another
-    process: its file reopened by path); once the file has changed, the task opens it itself."""
-    import multiprocessing as mp
-    import shutil
-
-    from pipeline.ingest.root.trees import OpenedTree
-
-    path = tmp_path / "nano.root"
-    shutil.copy(samples_dir / "nano_dy.root", path)
-    t = open_tree(str(path), "Events")
-    branches, _, _ = supported_branches(t, list(branches_by_name(t)), ["*"])
-    stop = int(t.num_entries)
-    opened = OpenedTree.of(t, str(path), "Events")
-    assert opened is not None and len(opened.state) < 3_000_000
-    assert OpenedTree.of(t, "root://host//nano.root", "Events") is None       # remote: each task opens it
-    with mp.get_context("spawn").Pool(1) as pool:
-        carried, opens = pool.apply(_read_carried, (opened, str(path), "Events", branches, stop))
-    assert opens == 0
-    _same(carried, read_arrow(open_tree(str(path), "Events"), branches, 0, stop))
-    # the same path, other contents (another sample): the state no longer fits it
-    shutil.copy(samples_dir / "nano_dy_rntuple.root", path)
-    assert not opened.usable(str(path), "Events")
-    with mp.get_context("spawn").Pool(1) as pool:
-        _, opens = pool.apply(_read_carried, (opened, str(path), "Events", [], 0))
-    assert opens == 1
-
-
 def _bitwise(a: np.ndarray, b: np.ndarray) -> bool:
     """The same dtype and the same bytes (NaNs included)."""
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()

@@ -27,12 +27,6 @@ the same baskets) when it is installed: the same bytes out. Deserialising a TTre
 times per NanoAOD file on a handful of distinct names: :func:`memoize_classnames` caches that pure
 function.
 
-Opening a NanoAOD file's TTree (those ~4,500 objects) takes about 0.6 s in every process that reads
-it; unpickling the opened tree takes a third of that. :func:`tree_state` and
-:func:`tree_from_state` carry an opened tree to another process (uproot's sources pickle without
-their open handle and reopen the file when first read), so that the driver's open of a large file
-serves the tasks that read its chunks.
-
 ``tests/test_uproot_adapter.py`` fails when uproot changes these internals (no ``_lookup``
 dictionary, or ``__getitem__`` no longer consulting it; no ``_fields`` slot, or subfields other than
 the index's); the reading itself stays correct then, only slower, since the functions do nothing
@@ -173,19 +167,3 @@ def memoize_classnames(enable: bool = True) -> bool:
         model.classname_regularize = functools.lru_cache(maxsize=4096)(f)
     return True
 
-
-def tree_state(tree) -> bytes:
-    """The opened uproot TTree ``tree`` as bytes for another process (pickled, ZLIB level 1: a
-    NanoAOD tree is about 10 MB pickled, 0.7 MB compressed)."""
-    import pickle
-    import zlib
-
-    return zlib.compress(pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL), 1)
-
-
-def tree_from_state(state: bytes):
-    """The tree of :func:`tree_state`; its file is reopened by path when first read."""
-    import pickle
-    import zlib
-
-    return pickle.loads(zlib.decompress(state))

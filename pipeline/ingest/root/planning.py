@@ -12,7 +12,7 @@ from ...spark import task_frame
 from .config import FILE_TIMEOUT_S, parse_step_size
 from .deadline import ReadTimeout, read_deadline
 from .schema import supported_branches
-from .trees import OpenedTree, branches_by_name, error_text, is_rntuple, match_branches, open_tree
+from .trees import branches_by_name, error_text, is_rntuple, match_branches, open_tree
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ class Plan:
     branches: list[str] = field(default_factory=list)   # resolved on the first good file
     schema: Any = None                                   # their Arrow schema (pyarrow.Schema)
     first_table: Any = None    # keep_first_chunk: the first good file's only chunk, read for the schema
-    first_opened: Optional[OpenedTree] = None   # keep_first_chunk: that file's open tree, when it is several chunks
 
     @property
     def bad(self) -> list[BadFile]:
@@ -207,7 +206,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
     resolved: Optional[list[str]] = None
-    schema = first_table = first_opened = None
+    schema = first_table = None
     it: Iterable = enumerate(files)
     if progress and len(files) > 3 and not stop_after_first_good:
         from tqdm import tqdm
@@ -222,8 +221,6 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
                     keep_chunk=keep_first_chunk and resolved is None, spread=spread)
             if resolved is None:
                 resolved, schema, first_table = branches, found, (table if keep_first_chunk else None)
-                if keep_first_chunk and len(ranges) > 1:
-                    first_opened = _opened(t, path, tree)
             for x, y in ranges:
                 chunks.append(Chunk(len(chunks), i, path, tree, x, y))
                 info.chunks += 1
@@ -233,17 +230,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
             continue
         if stop_after_first_good:
             break
-    return Plan(infos, chunks, resolved or [], schema, first_table, first_opened)
-
-
-def _opened(t, path: str, tree: str) -> Optional[OpenedTree]:
-    """The driver's open tree for the tasks that read its chunks; None if it cannot be carried
-    (the tasks open the file themselves)."""
-    try:
-        return OpenedTree.of(t, path, tree)
-    except Exception as e:  # noqa: BLE001 - an optimisation only
-        log.info("%s: the tasks open the file themselves (%s)", path, error_text(e))
-        return None
+    return Plan(infos, chunks, resolved or [], schema, first_table)
 
 
 def chunks_dataframe(spark, chunks: list[Chunk], tasks: Optional[list[int]] = None):

@@ -4,8 +4,7 @@
    file's tree and resolves the branch selection there (uproot ``filter_name`` semantics); the
    Arrow schema comes from a REAL read of the first entry (:mod:`.schema`). When that file is one
    chunk, the driver reads it whole for the schema and writes its part itself, so that no task
-   reads the file a second time; when it is several, its chunks go to the second pass directly,
-   with the driver's open tree.
+   reads the file a second time; when it is several, its chunks go to the second pass directly.
 2. **First pass, one Spark task per file, then a second pass, one task per chunk of the larger
    files** (:mod:`.twopass`, task bodies in :mod:`.tasks`): the tasks write their parts straight
    to the output's filesystem under the job's prefix (:mod:`pipeline.commit`); only a small status
@@ -210,13 +209,11 @@ def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJ
     chunks = second_pass_chunks(files, cfg.tree, {fi: (r["starts"], r["stops"]) for fi, r in scanned.items()
                                                   if not r["error"] and not r["done"]})
     statuses = []
-    chunk_files = {c.file_index for c in chunks}
     if chunks:
         log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
                  len({c.file_index for c in chunks}))
         fn = functools.partial(ingest_partition, branches=branches, schema=schema_bytes(schema), target=job.target,
-                               row_group_rows=cfg.row_group_rows, timeout_s=cfg.file_timeout_s,
-                               opened=ref.first_opened if first_good in chunk_files else None)
+                               row_group_rows=cfg.row_group_rows, timeout_s=cfg.file_timeout_s)
         statuses = [r.asDict() for r in chunks_dataframe(spark, chunks).mapInArrow(
             spark_task(fn), result_ddl(STATUS_FIELDS)).collect()]
     per_file = _summarise(files, errors, scanned, chunks, statuses)

@@ -10,7 +10,7 @@ from ...commit import JobTarget, TaskAttempt, attempt_fields
 from .config import PARQUET_WRITE_OPTIONS
 from .planning import CHUNK_COLUMNS
 from .schema import as_schema, conform
-from .trees import OpenedTree, read_arrow
+from .trees import read_arrow
 from .twopass import FilePlanning, read_range, scan_file
 
 #: the status row of a chunk (second pass) and of a file (first pass), before the commit fields
@@ -77,10 +77,9 @@ def scan_partition(batches: Iterator, *, planning: FilePlanning, schema, target:
 
 
 def ingest_partition(batches: Iterator, *, branches: list[str], schema, target: JobTarget,
-                     row_group_rows: Optional[int], timeout_s: Optional[float],
-                     opened: Optional[OpenedTree] = None) -> Iterator:
+                     row_group_rows: Optional[int], timeout_s: Optional[float]) -> Iterator:
     """Second pass, one task per chunk of a multi-chunk file: read it (at most ``timeout_s``),
-    write its part, yield a status row. ``opened``: the driver's open tree of the first file."""
+    write its part, yield a status row."""
     import pyarrow as pa
 
     schema = as_schema(schema)
@@ -92,7 +91,7 @@ def ingest_partition(batches: Iterator, *, branches: list[str], schema, target: 
         for cid, fi, path, tree, a, b in zip(*(d[c] for c in CHUNK_COLUMNS)):
             t0 = time.time()
             part = part_name(fi, cid)
-            table, err = read_range(path, tree, a, b, read, timeout_s, opened, scope=target.staging)
+            table, err = read_range(path, tree, a, b, read, timeout_s, scope=target.staging)
             n, nbytes = write_part(attempt, table, part, row_group_rows)
             yield pa.RecordBatch.from_pylist([{"chunk_id": cid, "file_index": fi, "rows": n, "bytes": nbytes,
                                                "seconds": time.time() - t0, "part": part if n else None,

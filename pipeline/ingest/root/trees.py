@@ -18,13 +18,12 @@ import fnmatch
 import glob
 import os
 import re
-from dataclasses import dataclass
 from typing import Optional
 
 from ...errors import BadInputError
 from ...fs import open_root
 from ..uproot_adapter import (index_nested_branches, index_rntuple_fields, memoize_classnames, reuse_interpretations,
-                              tree_from_state, tree_state, use_fast_zlib)
+                              use_fast_zlib)
 from .baskets import is_plain_jagged, read_flat, read_jagged
 from .config import FILE_TIMEOUT_S
 from .deadline import ReadTimeout, read_deadline
@@ -49,15 +48,11 @@ def is_rntuple(t) -> bool:
 _ZLIB: list = []
 
 
-def _init_reading() -> None:
+def open_tree(path: str, tree: str):
+    """Open ``path`` and return its TTree or RNTuple ``tree``, or raise BadInputError(reason)."""
     if not _ZLIB:                                   # once per worker process
         _ZLIB.append(use_fast_zlib())
         memoize_classnames()
-
-
-def open_tree(path: str, tree: str):
-    """Open ``path`` and return its TTree or RNTuple ``tree``, or raise BadInputError(reason)."""
-    _init_reading()
     try:
         f = open_root(path)
     except FileNotFoundError:
@@ -84,29 +79,6 @@ def open_tree(path: str, tree: str):
 _OPEN: dict = {}
 
 
-@dataclass(frozen=True)
-class OpenedTree:
-    """A tree opened in one process, for another (:func:`~pipeline.ingest.uproot_adapter.tree_state`):
-    valid while the local file keeps its size and modification time."""
-
-    path: str
-    tree: str
-    size: int
-    mtime_ns: int
-    state: bytes
-
-    @classmethod
-    def of(cls, t, path: str, tree: str) -> Optional["OpenedTree"]:
-        """The state of the open TTree ``t`` of the local file ``path``; None for a remote file or an RNTuple."""
-        ident = _local_identity(path)
-        if ident is None or is_rntuple(t):
-            return None
-        return cls(path, tree, *ident, tree_state(t))
-
-    def usable(self, path: str, tree: str) -> bool:
-        return (self.path, self.tree, (self.size, self.mtime_ns)) == (path, tree, _local_identity(path))
-
-
 def _local_identity(path: str) -> Optional[tuple[int, int]]:
     """(size, modification time in ns) of a local file; None for a remote or missing one."""
     if "://" in path:
@@ -118,19 +90,14 @@ def _local_identity(path: str) -> Optional[tuple[int, int]]:
     return st.st_size, st.st_mtime_ns
 
 
-def cached_tree(path: str, tree: str, opened: Optional[OpenedTree] = None, scope: Optional[str] = None):
+def cached_tree(path: str, tree: str, scope: Optional[str] = None):
     """The last opened tree of this Python worker (chunks of one file often share a worker), kept
     for one ``scope`` (the job: a worker outlives it) and, for a local file, while its size and
-    modification time stay the same (a file rewritten in place is opened anew). Not open yet:
-    ``opened``'s tree when it is this file, unchanged, else opened here."""
+    modification time stay the same (a file rewritten in place is opened anew)."""
     key = (path, tree, scope, _local_identity(path))
     if key not in _OPEN:
         _OPEN.clear()
-        if opened is not None and opened.usable(path, tree):
-            _init_reading()
-            _OPEN[key] = tree_from_state(opened.state)
-        else:
-            _OPEN[key] = open_tree(path, tree)
+        _OPEN[key] = open_tree(path, tree)
     return _OPEN[key]
 
 
@@ -224,7 +191,7 @@ def read_chunk(path: str, tree: str, branches: list[str], entry_start: int, entr
     """uproot -> awkward record array of one entry range (:class:`ReadTimeout` after ``timeout_s``);
     ``scope``: see :func:`cached_tree`."""
     with read_deadline(timeout_s):
-        return read_arrays(cached_tree(path, tree, scope=scope), branches, entry_start, entry_stop)
+        return read_arrays(cached_tree(path, tree, scope), branches, entry_start, entry_stop)
 
 
 def to_arrow(arr):

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 from .config import FILE_TIMEOUT_S, parse_step_size
 from .deadline import read_deadline
 from .planning import Chunk, plan_file
-from .trees import OpenedTree, cached_tree, error_text
+from .trees import cached_tree, error_text
 
 #: the stage's work on one entry range of an open tree: ``read(tree, entry_start, entry_stop)``
 Read = Callable[[Any, int, int], Any]
@@ -94,13 +94,12 @@ def second_pass_chunks(files: list[str], tree: str, scans: dict[int, tuple[list[
 
 def read_range(path: str, tree: str, entry_start: int, entry_stop: int, read: Read,
                timeout_s: Optional[float] = FILE_TIMEOUT_S,
-               opened: Optional[OpenedTree] = None, scope: Optional[str] = None) -> tuple[Any, Optional[str]]:
+               scope: Optional[str] = None) -> tuple[Any, Optional[str]]:
     """Second pass over one chunk (in a task): (``read`` of the range on the worker's cached tree,
-    None) or (None, the reason it failed). ``opened``: the tree the driver opened, used when it
-    is this file's; ``scope``: the job, for which alone the worker keeps the tree
-    (:func:`~pipeline.ingest.root.trees.cached_tree`)."""
+    None) or (None, the reason it failed). ``scope``: the job, for which alone the worker keeps
+    the tree (:func:`~pipeline.ingest.root.trees.cached_tree`)."""
     try:
         with read_deadline(timeout_s):
-            return read(cached_tree(path, tree, opened, scope), entry_start, entry_stop), None
+            return read(cached_tree(path, tree, scope), entry_start, entry_stop), None
     except Exception as e:  # noqa: BLE001 - the driver reports the file
         return None, error_text(e)
