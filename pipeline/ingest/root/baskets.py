@@ -61,7 +61,7 @@ def _inflate_fn() -> Callable[[bytes], bytes]:
         return zlib.decompress
 
 
-_INFLATE = [_inflate_fn()]
+_INFLATE = _inflate_fn()
 
 
 def _inflate(payload: bytes, size: int, inflate) -> bytes:
@@ -101,7 +101,7 @@ def _basket(fd: int, seek: int, nbytes: int, entries: int) -> tuple[bytes, int, 
     if nev != entries or not 0 <= border <= objlen:
         raise NotDirect("a basket header differs from the branch's record")
     payload = raw[keylen:]
-    return (payload if len(payload) == objlen else _inflate(payload, objlen, _INFLATE[0])), border, keylen
+    return (payload if len(payload) == objlen else _inflate(payload, objlen, _INFLATE)), border, keylen
 
 
 def _basket_data(fd: int, seek: int, nbytes: int, entries: int, itemsize: int) -> bytes:

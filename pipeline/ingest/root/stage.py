@@ -236,8 +236,7 @@ def _write_first(ref: Plan, fi: int, job: OutputJob, row_group_rows: Optional[in
     except Exception as e:  # noqa: BLE001 - a task converts it and reports it
         log.info("first file written by a task (%s)", first_line(e))
         return {}
-    return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [0], "stops": [table.num_rows],
-                 "rows": [n], "parts": [part if n else None], "done": True, "error": None}}
+    return _scan_row(ref, fi, [(0, table.num_rows)], done=True, rows=[n], parts=[part if n else None])
 
 
 def _planned_first(ref: Plan, fi: int) -> dict:
@@ -246,8 +245,13 @@ def _planned_first(ref: Plan, fi: int) -> dict:
     ranges = [(c.entry_start, c.entry_stop) for c in ref.chunks if c.file_index == fi]
     if len(ranges) <= 1:
         return {}
+    return _scan_row(ref, fi, ranges, done=False, rows=[], parts=[])
+
+
+def _scan_row(ref: Plan, fi: int, ranges: list, *, done: bool, rows: list, parts: list) -> dict:
+    """The first pass's row (:data:`~.tasks.SCAN_FIELDS`) of a file the driver planned."""
     return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [a for a, _ in ranges],
-                 "stops": [b for _, b in ranges], "rows": [], "parts": [], "done": False, "error": None}}
+                 "stops": [b for _, b in ranges], "rows": rows, "parts": parts, "done": done, "error": None}}
 
 
 def _summarise(files: list[str], errors: dict, scanned: dict, chunks: list[Chunk], statuses: list[dict]) -> list[dict]:
