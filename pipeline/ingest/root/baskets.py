@@ -64,7 +64,7 @@ def _inflate_fn() -> Callable[[bytes], bytes]:
 _INFLATE = _inflate_fn()
 
 
-def _inflate(payload: bytes, size: int, inflate) -> bytes:
+def _inflate(payload: bytes, size: int) -> bytes:
     """A basket's payload of ROOT compression blocks, inflated to its ``size`` bytes."""
     parts, pos = [], 0
     while pos < len(payload):
@@ -74,7 +74,7 @@ def _inflate(payload: bytes, size: int, inflate) -> bytes:
         c = head[3] | head[4] << 8 | head[5] << 16
         u = head[6] | head[7] << 8 | head[8] << 16
         try:
-            block = inflate(payload[pos + _BLOCK:pos + _BLOCK + c])
+            block = _INFLATE(payload[pos + _BLOCK:pos + _BLOCK + c])
         except Exception as e:  # noqa: BLE001 - a corrupt block: uproot reads it and reports it
             raise NotDirect(f"a block does not inflate ({type(e).__name__})") from None
         if len(block) != u:
@@ -101,7 +101,7 @@ def _basket(fd: int, seek: int, nbytes: int, entries: int) -> tuple[bytes, int, 
     if nev != entries or not 0 <= border <= objlen:
         raise NotDirect("a basket header differs from the branch's record")
     payload = raw[keylen:]
-    return (payload if len(payload) == objlen else _inflate(payload, objlen, _INFLATE)), border, keylen
+    return (payload if len(payload) == objlen else _inflate(payload, objlen)), border, keylen
 
 
 def _basket_data(fd: int, seek: int, nbytes: int, entries: int, itemsize: int) -> bytes:
