@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import hep_root_fixtures as H  # noqa: E402
 
 from pipeline.errors import BadInputError, ConfigError  # noqa: E402
-from pipeline.ingest.root import IngestRootConfig, ingest_root, parse_step_size, plan_chunks  # noqa: E402
+from pipeline.ingest.root import IngestRootConfig, ingest_root, open_tree, parse_step_size, plan_chunks  # noqa: E402
 
 
 def _read(path) -> pa.Table:
@@ -201,6 +201,65 @@ def test_a_file_rewritten_between_two_runs_of_one_session_is_read_anew(spark, tm
         assert table.column("i").to_pylist() == list(range(seed * 1000, seed * 1000 + n))
         assert table.column("x").to_pylist() == x.tolist()
         runs.append(table)
+
+
+def test_the_chunk_tasks_read_a_planned_file_from_its_basket_map(spark, tmp_path, monkeypatch):
+    """The driver plans a file of several chunks and hands each chunk task the basket map of its
+    range: the tasks read the flat and jagged branches without opening the tree. Here the TTree's
+    metadata is damaged right after planning (the size and modification time kept): a task that
+    opened the tree would fail the file, yet every chunk is read, and the rows are uproot's."""
+    import awkward as ak
+    import uproot
+
+    from pipeline.ingest.root import stage
+
+    path = tmp_path / "in" / "events.root"
+    path.parent.mkdir()
+    rng = np.random.default_rng(4)
+    with uproot.recreate(path, compression=uproot.ZLIB(1)) as f:
+        f.mktree("t", {"run": np.uint32, "x": np.float64, "nJ": np.int32, "J_pt": "var * float32"},
+                 counter_name=lambda counted: "nJ", field_name=lambda outer, inner: f"J_{inner}")
+        for n in (60, 25, 90):
+            counts = rng.integers(0, 5, n)
+            f["t"].extend({"run": rng.integers(0, 9, n).astype(np.uint32), "x": rng.normal(size=n),
+                           "nJ": counts.astype(np.int32),
+                           "J_pt": ak.unflatten(rng.normal(size=int(counts.sum())).astype(np.float32), counts)})
+    ref = uproot.open(path)["t"].arrays(library="ak")
+    copies = [tmp_path / "copies" / f"{i}.root" for i in range(2)]
+    copies[0].parent.mkdir()
+    for c in copies:
+        shutil.copy(path, c)
+    key = uproot.open(path).key("t")
+    seek, nbytes = key.data_cursor.index, key.data_compressed_bytes
+    real_plan = stage.plan_chunks
+
+    def plan_then_damage(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        st = os.stat(path)
+        with open(path, "r+b") as fh:                  # the TTree object's compressed bytes
+            fh.seek(seek + nbytes // 3)
+            fh.write(b"\x00" * (nbytes // 3))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return plan
+
+    monkeypatch.setattr(stage, "plan_chunks", plan_then_damage)
+    out = tmp_path / "out"
+    rep = ingest_root(IngestRootConfig(input=str(path), tree="t", output=str(out), step_size=50,
+                                       schema_dir=str(tmp_path / "schemas")), spark=spark)
+    with pytest.raises(BadInputError):                 # the tree cannot be opened any more
+        open_tree(str(path), "t")
+    assert rep["bad_files"] == [] and rep["rows"] == 175
+    assert [p["entry_start"] for p in rep["files"][0]["parts"]] == [0, 60, 85]     # cut at the baskets' edges
+    table = _sorted_by_part(out)
+    for name in ("run", "x", "nJ", "J_pt"):
+        assert table.column(name).to_pylist() == ref[name].tolist(), name
+    assert table.schema.field("run").type == pa.uint32()
+    monkeypatch.setattr(stage, "plan_chunks", real_plan)
+    rep = ingest_root(IngestRootConfig(input=[str(c) for c in copies], tree="t", output=str(tmp_path / "two"),
+                                       step_size=50, schema_dir=str(tmp_path / "schemas")), spark=spark)
+    assert [len(f["parts"]) for f in rep["files"]] == [3, 3]   # the second file's maps come from its first-pass task
+    table = _sorted_by_part(tmp_path / "two")
+    assert table.column("J_pt").to_pylist() == ref["J_pt"].tolist() * 2
 
 
 def test_ingest_nanoaod_all_branches(spark, samples_dir, tmp_path):

@@ -162,3 +162,85 @@ def test_jagged_branches_read_from_their_baskets_are_the_awkward_paths_lists(sam
                 assert got[n].type == ref.schema.field(n).type, n
                 assert ak.array_equal(ak.from_arrow(got[n]), ak.from_arrow(ref.column(n).combine_chunks()),
                                       equal_nan=True, dtype_exact=True), (n, a, b)
+
+
+def _mixed_file(path, rng) -> list[str]:
+    """Flat and jagged branches of several baskets (one per extend)."""
+    with uproot.recreate(path, compression=uproot.ZLIB(1)) as f:
+        f.mktree("t", {"run": np.uint32, "x": np.float64, "nJ": np.int32, "J_pt": "var * float32",
+                       "J_id": "var * uint8"},
+                 counter_name=lambda counted: "nJ", field_name=lambda outer, inner: f"J_{inner}")
+        for n in (60, 25, 90):
+            counts = rng.integers(0, 5, n)
+            items = int(counts.sum())
+            f["t"].extend({"run": rng.integers(0, 9, n).astype(np.uint32), "x": rng.normal(size=n),
+                           "nJ": counts.astype(np.int32),
+                           "J_pt": ak.unflatten(rng.normal(size=items).astype(np.float32), counts),
+                           "J_id": ak.unflatten(rng.integers(0, 255, items).astype(np.uint8), counts)})
+    return ["run", "x", "nJ", "J_pt", "J_id"]
+
+
+def test_a_basket_map_reads_each_range_without_opening_the_tree(samples_dir, tmp_path, monkeypatch):
+    """The basket maps made where a file is planned (plain arrays: seeks, sizes, entries) let a task
+    read every flat and jagged branch of its range with no uproot object: the table read_arrow
+    gives on the open tree, for the real NanoAOD file and a generated file of several baskets, over
+    ranges that cut through baskets; a Delphes file's object branches are read on the tree."""
+    from pipeline.ingest.root import trees
+    from pipeline.ingest.root.baskets import basket_maps, read_mapped
+
+    gen = tmp_path / "mixed.root"
+    names = _mixed_file(gen, np.random.default_rng(5))
+    nano = samples_dir / "nano_dy.root"
+    t_nano = open_tree(str(nano), "Events")
+    cases = [(nano, "Events", list(t_nano.keys()), [(0, 13), (13, 40)]),
+             (gen, "t", names, [(0, 59), (59, 61), (61, 175)])]
+    for path, tree, branches, ranges in cases:
+        t = open_tree(str(path), tree)
+        maps = basket_maps(t, branches, ranges)
+        refs = [read_arrow(t, branches, a, b) for a, b in ranges]
+        for (a, b), m in zip(ranges, maps):
+            got, rest = read_mapped(str(path), m, branches, a, b)
+            assert rest == [] and sorted(got) == sorted(branches)
+        with monkeypatch.context() as mp:             # no tree is opened for these reads
+            mp.setattr(trees, "open_tree", lambda *a: pytest.fail("the tree was opened"))
+            trees._OPEN.clear()
+            for (a, b), m, ref in zip(ranges, maps, refs):
+                _same(trees.read_arrow_mapped(str(path), tree, branches, a, b, m), ref)
+    delphes = samples_dir / "delphes.root"
+    t = open_tree(str(delphes), "Delphes")
+    branches, _, _ = supported_branches(t, list(branches_by_name(t)), ["*"])
+    (m,) = basket_maps(t, branches, [(2, 19)])
+    got, rest = read_mapped(str(delphes), m, branches, 2, 19)
+    assert got and rest and set(got) | set(rest) == set(branches)
+    _same(trees.read_arrow_mapped(str(delphes), "Delphes", branches, 2, 19, m, scope="test"),
+          read_arrow(t, branches, 2, 19))
+
+
+def test_a_basket_map_of_another_file_or_range_is_not_used(tmp_path):
+    """A map is used only for the file it was made from: a file rewritten in place after planning
+    (other baskets, another modification time) is read on its own tree, as is a range the map's
+    baskets do not hold; no number is read from the wrong bytes."""
+    import os
+
+    from pipeline.ingest.root import trees
+    from pipeline.ingest.root.baskets import basket_maps, read_mapped
+
+    path = tmp_path / "mixed.root"
+    names = _mixed_file(path, np.random.default_rng(5))
+    first, second = basket_maps(open_tree(str(path), "t"), names, [(0, 60), (60, 175)])
+    for a, b in [(60, 175), (30, 100)]:                              # another range's baskets, or part of them
+        got, rest = read_mapped(str(path), first, names, a, b)
+        assert got == {} and rest == names, (a, b)
+    got, rest = read_mapped(str(path), first, names, 10, 50)         # inside its own range
+    assert rest == []
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    got, rest = read_mapped(str(path), first, names, 10, 50)         # the same bytes, touched: not trusted
+    assert got == {} and rest == names
+    _mixed_file(path, np.random.default_rng(6))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    got, rest = read_mapped(str(path), second, names, 60, 175)
+    assert got == {} and rest == names
+    t = open_tree(str(path), "t")
+    trees._OPEN.clear()
+    _same(trees.read_arrow_mapped(str(path), "t", names, 60, 175, second), read_arrow(t, names, 60, 175))

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Optional, Union
 
 from ...errors import BadInputError
 from ...spark import task_frame
+from .baskets import basket_maps
 from .config import FILE_TIMEOUT_S, parse_step_size
 from .deadline import ReadTimeout, read_deadline
 from .schema import supported_branches
@@ -17,7 +18,7 @@ from .trees import branches_by_name, error_text, is_rntuple, match_branches, ope
 log = logging.getLogger(__name__)
 
 #: Columns of the chunk-descriptor DataFrame handed to the Spark tasks.
-CHUNK_COLUMNS = ("chunk_id", "file_index", "path", "tree", "entry_start", "entry_stop")
+CHUNK_COLUMNS = ("chunk_id", "file_index", "path", "tree", "entry_start", "entry_stop", "baskets")
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Chunk:
     tree: str
     entry_start: int
     entry_stop: int
+    baskets: Optional[bytes] = None   # the range's basket map (:func:`~.baskets.basket_maps`), if made
 
 
 @dataclass
@@ -196,12 +198,14 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
                 entry_start: Optional[int] = None, entry_stop: Optional[int] = None,
                 progress: bool = True, stop_after_first_good: bool = False,
                 file_timeout_s: Optional[float] = FILE_TIMEOUT_S, keep_first_chunk: bool = False,
-                spread: int = 1) -> Plan:
+                spread: int = 1, baskets: bool = False) -> Plan:
     """Open each file's tree metadata on the driver and cut it into chunks; bad files (also one
     that takes longer than ``file_timeout_s``) are recorded, not raised. The branch selection and
     the Arrow schema come from the first good file; with ``keep_first_chunk``, when that file is
     one chunk starting at entry 0, it is read whole for the schema and kept as ``first_table``.
-    ``spread``: a file of several chunks is cut into a multiple of it (:func:`cut_ranges`)."""
+    ``spread``: a file of several chunks is cut into a multiple of it (:func:`cut_ranges`). With
+    ``baskets``, each chunk of a file of several chunks carries its basket map, so that the task
+    reading it need not open the tree (:func:`~.baskets.basket_maps`)."""
     mode, size = parse_step_size(step_size)
     infos: list[FileInfo] = []
     chunks: list[Chunk] = []
@@ -221,8 +225,9 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
                     keep_chunk=keep_first_chunk and resolved is None, spread=spread)
             if resolved is None:
                 resolved, schema, first_table = branches, found, (table if keep_first_chunk else None)
-            for x, y in ranges:
-                chunks.append(Chunk(len(chunks), i, path, tree, x, y))
+            maps = basket_maps(t, branches, ranges) if baskets and len(ranges) > 1 else [None] * len(ranges)
+            for (x, y), m in zip(ranges, maps):
+                chunks.append(Chunk(len(chunks), i, path, tree, x, y, m))
                 info.chunks += 1
         except Exception as e:  # noqa: BLE001 - a broken file must not stop the others
             info.error = error_text(e)
@@ -236,6 +241,7 @@ def plan_chunks(files: list[str], tree: str, filter_name: list[str], step_size: 
 def chunks_dataframe(spark, chunks: list[Chunk], tasks: Optional[list[int]] = None):
     """A DataFrame of chunk descriptors, one chunk per partition (so Spark balances the chunks),
     or ``tasks``: the partition of each chunk (see :func:`~pipeline.spark.task_frame`)."""
-    return task_frame(spark, [(c.chunk_id, c.file_index, c.path, c.tree, c.entry_start, c.entry_stop) for c in chunks],
-                      "chunk_id int, file_index int, path string, tree string, entry_start long, entry_stop long",
-                      tasks)
+    return task_frame(spark, [(c.chunk_id, c.file_index, c.path, c.tree, c.entry_start, c.entry_stop, c.baskets)
+                              for c in chunks],
+                      "chunk_id int, file_index int, path string, tree string, entry_start long, entry_stop long, "
+                      "baskets binary", tasks)

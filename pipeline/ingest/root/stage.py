@@ -8,7 +8,9 @@
 2. **First pass, one Spark task per file, then a second pass, one task per chunk of the larger
    files** (:mod:`.twopass`, task bodies in :mod:`.tasks`): the tasks write their parts straight
    to the output's filesystem under the job's prefix (:mod:`pipeline.commit`); only a small status
-   row per file or chunk comes back.
+   row per file or chunk comes back. Where a file of several chunks is planned (the driver, or
+   its first-pass task), each chunk gets the basket map of its range (:func:`~.baskets.basket_maps`):
+   its task reads the flat and plain jagged branches from it without opening the file's tree.
 3. **Commit.** A file that cannot be opened, lacks the tree or a requested branch, or fails while
    being read (or takes longer than ``file_timeout_s``) is reported (file, reason) in
    ``_report.json`` and one log line; its parts are not committed. The good files' parts, the
@@ -87,7 +89,7 @@ def ingest_root(cfg: IngestRootConfig, spark=None) -> dict:
     spread = chunk_spread(default_parallelism(spark), len(files))
     ref = plan_chunks(files, cfg.tree, cfg.filter_name, cfg.step_size, cfg.entry_start, cfg.entry_stop,
                       stop_after_first_good=True, file_timeout_s=cfg.file_timeout_s, keep_first_chunk=True,
-                      spread=spread)
+                      spread=spread, baskets=True)
     if ref.schema is None:
         if run is not None and run.state is not None and run.state.version is not None:
             return _failures_only(cfg, run, out, [{"file": f.path, "error": f.error} for f in ref.files], t_start)
@@ -206,8 +208,9 @@ def _run(spark, cfg: IngestRootConfig, files: list[str], ref: Plan, job: OutputJ
         fdf = task_frame(spark, todo, "file_index int, path string")
         scanned.update((r["file_index"], r.asDict()) for r in
                        fdf.mapInArrow(spark_task(scan), result_ddl(SCAN_FIELDS)).collect())
-    chunks = second_pass_chunks(files, cfg.tree, {fi: (r["starts"], r["stops"]) for fi, r in scanned.items()
-                                                  if not r["error"] and not r["done"]})
+    large = {fi: r for fi, r in scanned.items() if not r["error"] and not r["done"]}
+    chunks = second_pass_chunks(files, cfg.tree, {fi: (r["starts"], r["stops"]) for fi, r in large.items()},
+                                {fi: r["baskets"] for fi, r in large.items()})
     statuses = []
     if chunks:
         log.info("ingest_root: %d chunk(s) of %d large file(s) -> Spark tasks", len(chunks),
@@ -242,16 +245,19 @@ def _write_first(ref: Plan, fi: int, job: OutputJob, row_group_rows: Optional[in
 def _planned_first(ref: Plan, fi: int) -> dict:
     """The scan row of the first good file from the driver's plan, when it is several chunks ({}
     otherwise: a task converts it)."""
-    ranges = [(c.entry_start, c.entry_stop) for c in ref.chunks if c.file_index == fi]
-    if len(ranges) <= 1:
+    mine = [c for c in ref.chunks if c.file_index == fi]
+    if len(mine) <= 1:
         return {}
-    return _scan_row(ref, fi, ranges, done=False, rows=[], parts=[])
+    return _scan_row(ref, fi, [(c.entry_start, c.entry_stop) for c in mine], done=False, rows=[], parts=[],
+                     baskets=[c.baskets for c in mine])
 
 
-def _scan_row(ref: Plan, fi: int, ranges: list, *, done: bool, rows: list, parts: list) -> dict:
+def _scan_row(ref: Plan, fi: int, ranges: list, *, done: bool, rows: list, parts: list,
+              baskets: Optional[list] = None) -> dict:
     """The first pass's row (:data:`~.tasks.SCAN_FIELDS`) of a file the driver planned."""
     return {fi: {"file_index": fi, "entries": ref.files[fi].entries, "starts": [a for a, _ in ranges],
-                 "stops": [b for _, b in ranges], "rows": rows, "parts": parts, "done": done, "error": None}}
+                 "stops": [b for _, b in ranges], "rows": rows, "parts": parts, "done": done, "error": None,
+                 "baskets": baskets or []}}
 
 
 def _summarise(files: list[str], errors: dict, scanned: dict, chunks: list[Chunk], statuses: list[dict]) -> list[dict]:

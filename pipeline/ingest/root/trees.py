@@ -11,7 +11,9 @@ the same leaf before (:func:`~pipeline.ingest.uproot_adapter.reuse_interpretatio
 baskets are decompressed with ISA-L when it is installed
 (:func:`~pipeline.ingest.uproot_adapter.use_fast_zlib`); class names met while reading a TTree's
 metadata are regularised once (:func:`~pipeline.ingest.uproot_adapter.memoize_classnames`). The
-columns and their Arrow types are the same either way (``tests/test_ingest_root_fastpath.py``)."""
+columns and their Arrow types are the same either way (``tests/test_ingest_root_fastpath.py``).
+:func:`read_arrow_mapped` is the same read of a chunk whose basket map the planner made: it
+opens the tree only for the branches the map does not hold."""
 from __future__ import annotations
 
 import fnmatch
@@ -24,7 +26,7 @@ from ...errors import BadInputError
 from ...fs import open_root
 from ..uproot_adapter import (index_nested_branches, index_rntuple_fields, memoize_classnames, reuse_interpretations,
                               use_fast_zlib)
-from .baskets import is_plain_jagged, read_flat, read_jagged
+from .baskets import is_flat, is_plain_jagged, read_flat, read_jagged, read_mapped
 from .config import FILE_TIMEOUT_S
 from .deadline import ReadTimeout, read_deadline
 
@@ -142,23 +144,11 @@ _PLANS: dict = {}
 _PLANS_MAX = 100_000
 
 
-def is_flat(interpretation) -> bool:
-    """One number per entry (bool, integer, float): read as NumPy, wrapped as Arrow."""
-    from uproot.interpretation.numerical import AsDtype
-
-    if type(interpretation) is not AsDtype:               # not its subclasses (Float16, Double32, ...)
-        return False
-    dt = interpretation.to_dtype
-    return dt.shape == () and dt.kind in "biuf" and dt.isnative
-
-
 def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int, direct: bool = True):
     """The ``branches`` of entries [entry_start, entry_stop) as a pyarrow Table (the columns and
     types of ``to_arrow(read_arrays(...))``): flat numeric branches through NumPy, the others
     through awkward; with ``direct`` (the default), flat and plain jagged branches of a local file
     straight from their baskets (:mod:`.baskets`; ``direct=False`` measures uproot's own read)."""
-    import pyarrow as pa
-
     if is_rntuple(t):
         return to_arrow(read_arrays(t, branches, entry_start, entry_stop))
     if len(_PLANS) > _PLANS_MAX:
@@ -170,19 +160,44 @@ def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int, direct
         arrays, rest_flat = read_flat(t, flat, entry_start, entry_stop) if direct else ({}, flat)
         if rest_flat:
             arrays.update(t.arrays(rest_flat, entry_start=entry_start, entry_stop=entry_stop, library="np"))
-        for n in flat:
-            a = pa.array(arrays[n])
-            cols[n] = (pa.field(n, a.type, nullable=False), a)
+        cols.update((n, _column(n, arrays[n])) for n in flat)
     jagged = [n for n in branches if direct and n not in cols and is_plain_jagged(t[n].interpretation)]
     if jagged:
         lists, _ = read_jagged(t, jagged, entry_start, entry_stop)
-        for n, a in lists.items():
-            cols[n] = (pa.field(n, a.type, nullable=False), a)
+        cols.update((n, _column(n, a)) for n, a in lists.items())
     rest = [n for n in branches if n not in cols]
     if rest:
         table = to_arrow(read_arrays(t, rest, entry_start, entry_stop))
         for i, n in enumerate(rest):
             cols[n] = (table.schema.field(i), table.column(i))
+    return _table(branches, cols)
+
+
+def read_arrow_mapped(path: str, tree: str, branches: list[str], entry_start: int, entry_stop: int, baskets: bytes,
+                      scope: Optional[str] = None):
+    """:func:`read_arrow`'s table of the ``branches`` of entries [entry_start, entry_stop) of
+    ``path``, the branches of the basket map ``baskets`` (:func:`~.baskets.basket_maps`, made where
+    the file was planned) read without opening the tree; the tree (this worker's
+    :func:`cached_tree` for ``scope``) is opened only for the others."""
+    got, rest = read_mapped(path, baskets, branches, entry_start, entry_stop)
+    cols = {n: _column(n, a) for n, a in got.items()}
+    if rest:
+        table = read_arrow(cached_tree(path, tree, scope), rest, entry_start, entry_stop)
+        cols.update((n, (table.schema.field(i), table.column(i))) for i, n in enumerate(rest))
+    return _table(branches, cols)
+
+
+def _column(name: str, values):
+    """(field, Arrow array) of a branch read as a NumPy array or an Arrow array (never null)."""
+    import pyarrow as pa
+
+    a = values if isinstance(values, pa.Array) else pa.array(values)
+    return pa.field(name, a.type, nullable=False), a
+
+
+def _table(branches: list[str], cols: dict):
+    import pyarrow as pa
+
     return pa.Table.from_arrays([cols[n][1] for n in branches], schema=pa.schema([cols[n][0] for n in branches]))
 
 

@@ -13,7 +13,9 @@ that reads the file, not serially on the driver:
 2. **On the driver** (:func:`second_pass_chunks`): the ranges of the files the first pass only
    planned become chunks.
 3. **Second pass, one unit per chunk** (:func:`read_range`, in a task): ``read`` on the worker's
-   cached tree of the file (kept for one job), within ``timeout_s``.
+   cached tree of the file (kept for one job), within ``timeout_s``; or the stage's ``read_at``,
+   which opens the tree only if it needs it (ingestion reads from the range's basket map, the
+   first pass's ``describe`` of the range).
 
 ``read`` holds the stage's work on the input (reading, converting, computing); its exceptions make
 the file a bad file (one line, its reason). The stage writes the result itself, after these
@@ -61,11 +63,20 @@ class FileScan:
     done: bool = False
     data: Any = None
     error: Optional[str] = None
+    notes: list = field(default_factory=list)
 
 
-def scan_file(path: str, planning: FilePlanning, read: Optional[Read] = None) -> FileScan:
+#: the stage's note on each range of a file of several ranges, for the second pass:
+#: ``describe(tree, ranges)`` -> one small picklable value per range
+Describe = Callable[[Any, list], list]
+
+
+def scan_file(path: str, planning: FilePlanning, read: Optional[Read] = None,
+              describe: Optional[Describe] = None) -> FileScan:
     """First pass over the file ``path`` (in a task): plan it and, when it is at most one range,
-    ``read`` that range on the open tree (``done``; ``data`` is None for an empty window)."""
+    ``read`` that range on the open tree (``done``; ``data`` is None for an empty window); when it
+    is several, ``describe`` them on the open tree (``notes``: what the second pass's tasks need to
+    know of the file, such as ingestion's basket maps)."""
     mode, size = parse_step_size(planning.step_size)
     scan = FileScan()
     try:
@@ -77,29 +88,40 @@ def scan_file(path: str, planning: FilePlanning, read: Optional[Read] = None) ->
                 scan.done = True
                 if scan.ranges and read is not None:
                     scan.data = read(t, *scan.ranges[0])
+            elif describe is not None:
+                scan.notes = list(describe(t, scan.ranges))
     except Exception as e:  # noqa: BLE001 - the driver reports the file
         return FileScan(error=error_text(e))
     return scan
 
 
-def second_pass_chunks(files: list[str], tree: str, scans: dict[int, tuple[list[int], list[int]]]) -> list[Chunk]:
+def second_pass_chunks(files: list[str], tree: str, scans: dict[int, tuple[list[int], list[int]]],
+                       notes: Optional[dict[int, list]] = None) -> list[Chunk]:
     """The chunks of the files the first pass only planned: ``scans`` maps a file index to its
-    (starts, stops); chunk ids follow the file order, then the entry order."""
+    (starts, stops), ``notes`` to its ranges' basket maps (:attr:`FileScan.notes`, when made);
+    chunk ids follow the file order, then the entry order."""
     chunks: list[Chunk] = []
     for fi in sorted(scans):
-        for a, b in zip(*scans[fi]):
-            chunks.append(Chunk(len(chunks), fi, files[fi], tree, int(a), int(b)))
+        starts, stops = scans[fi]
+        maps = list((notes or {}).get(fi) or [])
+        maps = maps if len(maps) == len(starts) else [None] * len(starts)
+        for a, b, m in zip(starts, stops, maps):
+            chunks.append(Chunk(len(chunks), fi, files[fi], tree, int(a), int(b), bytes(m) if m is not None else None))
     return chunks
 
 
 def read_range(path: str, tree: str, entry_start: int, entry_stop: int, read: Read,
-               timeout_s: Optional[float] = FILE_TIMEOUT_S,
-               scope: Optional[str] = None) -> tuple[Any, Optional[str]]:
+               timeout_s: Optional[float] = FILE_TIMEOUT_S, scope: Optional[str] = None,
+               read_at: Optional[Callable[[int, int], Any]] = None) -> tuple[Any, Optional[str]]:
     """Second pass over one chunk (in a task): (``read`` of the range on the worker's cached tree,
     None) or (None, the reason it failed). ``scope``: the job, for which alone the worker keeps
-    the tree (:func:`~pipeline.ingest.root.trees.cached_tree`)."""
+    the tree (:func:`~pipeline.ingest.root.trees.cached_tree`). ``read_at(entry_start,
+    entry_stop)``, when given, is used instead: a read that opens the tree itself, only if it needs
+    it (ingestion with a basket map)."""
     try:
         with read_deadline(timeout_s):
+            if read_at is not None:
+                return read_at(entry_start, entry_stop), None
             return read(cached_tree(path, tree, scope), entry_start, entry_stop), None
     except Exception as e:  # noqa: BLE001 - the driver reports the file
         return None, error_text(e)
