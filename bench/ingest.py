@@ -259,25 +259,30 @@ def profile_split(case: Case, limit_files: int = 20) -> list[tuple[str, float]]:
     the Arrow build, casting to the schema and the Parquet encoding; and the wall time unprofiled."""
     import pyarrow.parquet as pq
 
-    from pipeline.ingest.root import (PARQUET_WRITE_OPTIONS, FilePlanning, arrow_schema, convert_range, open_tree,
-                                      scan_file)
+    from pipeline.ingest.root import (PARQUET_WRITE_OPTIONS, FilePlanning, arrow_schema, conform, convert_range,
+                                      open_tree, scan_file)
+    from pipeline.ingest.root.baskets import basket_maps
+    from pipeline.ingest.root.trees import read_arrow_mapped
 
     files = case.files[:limit_files]
     schema = arrow_schema(open_tree(files[0], case.tree), case.branches)
     planning = FilePlanning(case.tree, case.branches, "100 MB", case.filt)
     read = convert_range(case.branches, schema)
 
+    def describe(t, ranges):
+        return basket_maps(t, case.branches, ranges)
+
     def work():
         for f in files:
-            s = scan_file(f, planning, read)
+            s = scan_file(f, planning, read, describe)
             if s.error:
                 raise RuntimeError(s.error)
             if s.done:
                 pq.write_table(s.data, io.BytesIO(), **PARQUET_WRITE_OPTIONS)
-            else:
-                t = open_tree(f, case.tree)
-                for a, b in s.ranges:
-                    pq.write_table(read(t, a, b), io.BytesIO(), **PARQUET_WRITE_OPTIONS)
+            else:                                            # the second pass: each chunk from its basket map
+                for (a, b), m in zip(s.ranges, s.notes):
+                    table = conform(read_arrow_mapped(f, case.tree, case.branches, a, b, m), schema)
+                    pq.write_table(table, io.BytesIO(), **PARQUET_WRITE_OPTIONS)
 
     work()                                                       # warm: imports, interpretation plans
     t0 = time.perf_counter()
@@ -291,23 +296,25 @@ def profile_split(case: Case, limit_files: int = 20) -> list[tuple[str, float]]:
         return sum(v[3] for (fn, _, name), v in st.items() if fn.endswith(path_end) and name == func)
 
     total = cum("bench/ingest.py", "work")
-    plan = cum("ingest/root/planning.py", "plan_file")
-    reading = cum("ingest/root/trees.py", "read_arrow")
+    plan = cum("ingest/root/planning.py", "plan_file") + cum("ingest/root/baskets.py", "basket_maps")
+    nested = sum(ct for (fn, _, name), v in st.items() if fn.endswith("ingest/root/trees.py") and name == "read_arrow"
+                 for (caller, _, cname), (_, _, _, ct) in v[4].items() if cname == "read_arrow_mapped")
+    reading = cum("ingest/root/trees.py", "read_arrow") + cum("ingest/root/trees.py", "read_arrow_mapped") - nested
     uproot_arrays = cum("uproot/behaviors/TBranch.py", "arrays")
     decomp = sum(ct for (fn, _, name), v in st.items() if fn.endswith("uproot/compression.py") and name == "decompress"
                  for (caller, *_), (_, _, _, ct) in v[4].items() if caller.endswith("models/TBasket.py"))
     # (the TTree's own key is decompressed too, while opening: that stays in the first row)
     direct_inflate = cum("ingest/root/baskets.py", "_inflate")
-    direct = cum("ingest/root/baskets.py", "read_flat") + cum("ingest/root/baskets.py", "read_jagged")
-    conform = cum("ingest/root/schema.py", "conform")
+    direct = sum(cum("ingest/root/baskets.py", f) for f in ("read_flat", "read_jagged", "read_mapped"))
+    casting = cum("ingest/root/schema.py", "conform")
     parquet = max([v[3] for (fn, _, name), v in st.items()               # the function, not the writer's method
                    if fn.endswith("pyarrow/parquet/core.py") and name == "write_table"] or [0.0])
-    rows = [("open file + TTree metadata + plan", plan),
+    rows = [("open file + TTree metadata + plan (+ basket maps)", plan),
             ("decompression (ZLIB baskets)", decomp + direct_inflate),
             ("interpretation (uproot's, less decompression)", uproot_arrays - decomp),
             ("baskets read directly, less decompression", direct - direct_inflate),
             ("Arrow build (NumPy/awkward -> Arrow)", reading - uproot_arrays - direct),
-            ("cast to the run's schema", conform), ("Parquet encoding (snappy)", parquet)]
+            ("cast to the run's schema", casting), ("Parquet encoding (snappy)", parquet)]
     rows.append(("other", total - sum(v for _, v in rows)))
     return [(k, v / total * wall) for k, v in rows] + [("total, one process, unprofiled", wall)]
 

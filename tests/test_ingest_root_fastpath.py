@@ -193,7 +193,8 @@ def test_a_basket_map_reads_each_range_without_opening_the_tree(samples_dir, tmp
     nano = samples_dir / "nano_dy.root"
     t_nano = open_tree(str(nano), "Events")
     cases = [(nano, "Events", list(t_nano.keys()), [(0, 13), (13, 40)]),
-             (gen, "t", names, [(0, 59), (59, 61), (61, 175)])]
+             (gen, "t", names, [(0, 59), (59, 61), (61, 175)]),
+             (gen, "t", names, [(0, 70), (70, 175)])]        # a range over two baskets of each branch, then one
     for path, tree, branches, ranges in cases:
         t = open_tree(str(path), tree)
         maps = basket_maps(t, branches, ranges)

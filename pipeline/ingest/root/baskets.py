@@ -46,9 +46,11 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
+from uproot.interpretation.jagged import AsJagged
+from uproot.interpretation.numerical import AsDtype
 
 _KEY = struct.Struct(">ihiIhh")       # fNbytes, key version, fObjlen, fDatime, fKeylen, fCycle
 _BASKET = struct.Struct(">Hiiii")     # fVersion, fBufferSize, fNevBufSize, fNevBuf, fLast
@@ -148,8 +150,6 @@ def local_path(tree) -> str:
 def is_flat(interpretation) -> bool:
     """One number per entry (bool, integer, float): what :func:`read_flat` reads (uproot's
     ``AsDtype``, not its subclasses such as Float16 or Double32)."""
-    from uproot.interpretation.numerical import AsDtype
-
     if type(interpretation) is not AsDtype:
         return False
     dt = interpretation.to_dtype
@@ -158,58 +158,68 @@ def is_flat(interpretation) -> bool:
 
 def is_plain_jagged(interpretation) -> bool:
     """Numbers per entry with no header bytes: what :func:`read_jagged` reads."""
-    from uproot.interpretation.jagged import AsJagged
-    from uproot.interpretation.numerical import AsDtype
-
     if type(interpretation) is not AsJagged or interpretation.header_bytes != 0:
         return False
-    content = interpretation.content
-    if type(content) is not AsDtype:
-        return False
-    dt = content.to_dtype
-    return dt.shape == () and dt.kind in "biuf" and dt.isnative
+    return is_flat(interpretation.content)
 
 
 @dataclass(frozen=True)
 class Layout:
     """Where one branch's entries lie in its file: the numbers' dtype on disk (``src``, big-endian)
-    and in memory (``dst``), whether the branch is jagged, and its free baskets in entry order, an
-    int64 array of rows (seek, bytes on disk, first entry, entries)."""
+    and in memory (``dst``), whether the branch is jagged, and its free baskets in entry order,
+    each (seek, bytes on disk, first entry, entries)."""
 
     src: np.dtype
     dst: np.dtype
     jagged: bool
-    baskets: np.ndarray
-
-    def within(self, a: int, b: int) -> "Layout":
-        """The same branch with the baskets holding entries [a, b) only."""
-        first, ends = self.baskets[:, 2], self.baskets[:, 2] + self.baskets[:, 3]
-        lo, hi = int(np.searchsorted(ends, a, "right")), int(np.searchsorted(first, b, "left"))
-        return Layout(self.src, self.dst, self.jagged, self.baskets[lo:max(lo, hi)])
+    baskets: Sequence
 
 
-def layout(branch, a: int = 0, b: Optional[int] = None) -> Layout:
-    """The :class:`Layout` of an uproot branch (flat or plain jagged), with the baskets holding
-    entries [a, b) (all of them for ``b`` None); NotDirect for any other branch."""
+def _numbers(branch, jagged: Optional[bool] = None) -> tuple[np.dtype, np.dtype, bool]:
+    """(dtype on disk, dtype in memory, jagged) of a flat or plain jagged branch with free baskets
+    (of that kind, when ``jagged`` is given); NotDirect for any other branch."""
     interp = branch.interpretation
-    if is_flat(interp):
+    if jagged is not True and is_flat(interp):
         numbers, jagged = interp, False
-    elif is_plain_jagged(interp):
+    elif jagged is not False and is_plain_jagged(interp):
         numbers, jagged = interp.content, True
     else:
-        raise NotDirect("not a branch of plain numbers")
+        raise NotDirect("not a branch of plain numbers of that kind")
     if branch.embedded_baskets:
         raise NotDirect("embedded baskets")
-    offsets = np.asarray(branch.entry_offsets, dtype=np.int64)
-    n = len(offsets) - 1
-    b = int(offsets[-1]) if b is None else b
+    return np.dtype(numbers.from_dtype), np.dtype(numbers.to_dtype), jagged
+
+
+def layout(branch, a: int, b: int, jagged: Optional[bool] = None) -> Layout:
+    """The :class:`Layout` of an uproot branch (flat or plain jagged; ``jagged``: only that kind)
+    with the baskets holding entries [a, b); NotDirect for any other branch."""
+    src, dst, jagged = _numbers(branch, jagged)
+    offsets = branch.entry_offsets
     if int(offsets[-1]) < b:
         raise NotDirect("entries outside the branch's baskets")
+    seeks, sizes = branch.member("fBasketSeek"), branch.member("fBasketBytes")
+    baskets = []
+    for i in range(len(offsets) - 1):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        if hi > a and lo < b:
+            baskets.append((int(seeks[i]), int(sizes[i]), lo, hi - lo))
+    return Layout(src, dst, jagged, baskets)
+
+
+def _basket_rows(branch) -> np.ndarray:
+    """Every basket of a branch as int64 rows (seek, bytes on disk, first entry, entries)."""
+    offsets = np.asarray(branch.entry_offsets, dtype=np.int64)
+    n = len(offsets) - 1
     rows = np.empty((n, 4), dtype=np.int64)
     rows[:, 0] = branch.member("fBasketSeek")[:n]
     rows[:, 1] = branch.member("fBasketBytes")[:n]
     rows[:, 2], rows[:, 3] = offsets[:-1], np.diff(offsets)
-    return Layout(np.dtype(numbers.from_dtype), np.dtype(numbers.to_dtype), jagged, rows).within(a, b)
+    return rows
+
+
+def _inside(baskets: Sequence, a: int, b: int) -> list:
+    """The baskets holding entries of [a, b)."""
+    return [x for x in baskets if x[2] + x[3] > a and x[2] < b]
 
 
 def read_flat(tree, names: list[str], entry_start: int, entry_stop: int) -> tuple[dict, list[str]]:
@@ -237,10 +247,7 @@ def _each(tree, names: list[str], a: int, b: int, jagged: bool) -> tuple[dict, l
     try:
         for name in names:
             try:
-                lay = layout(tree[name], a, b)
-                if lay.jagged != jagged:
-                    raise NotDirect("another kind of branch")
-                out[name] = read_layout(fd, lay, a, b)
+                out[name] = read_layout(fd, layout(tree[name], a, b, jagged), a, b)
             except NotDirect:
                 rest.append(name)
     finally:
@@ -258,7 +265,7 @@ def _read_flat(fd: int, lay: Layout, a: int, b: int) -> np.ndarray:
     src, dst = lay.src, lay.dst
     if b <= a:
         return np.empty(0, dtype=dst)
-    baskets = lay.within(a, b).baskets.tolist()
+    baskets = _inside(lay.baskets, a, b)
     if not baskets or baskets[0][2] > a or baskets[-1][2] + baskets[-1][3] < b:
         raise NotDirect("the baskets do not hold the entries")
     first = baskets[0][2]
@@ -274,7 +281,7 @@ def _read_jagged(fd: int, lay: Layout, a: int, b: int):
     if b <= a:
         return pa.array([], type=typ)
     values, counts = [], []
-    for seek, size, lo, n in lay.within(a, b).baskets.tolist():
+    for seek, size, lo, n in _inside(lay.baskets, a, b):
         data, item_offsets = _jagged_basket(fd, seek, size, n, src.itemsize)
         la, lb = max(a, lo) - lo, min(b, lo + n) - lo
         i0, i1 = int(item_offsets[la]), int(item_offsets[lb])
@@ -319,27 +326,28 @@ def basket_maps(tree, names: list[str], ranges: list[tuple[int, int]]) -> list[O
         st = os.stat(local_path(tree))
     except (NotDirect, OSError):
         return [None] * len(ranges)
-    lays = {}
+    kinds, rows = {}, []
     for name in names:
         try:
-            lays[name] = layout(tree[name])
+            kinds[name] = _numbers(tree[name])
+            rows.append(_basket_rows(tree[name]))
         except NotDirect:
             continue
-    if not lays:
+    if not kinds:
         return [None] * len(ranges)
     schema = _map_schema(st.st_size, st.st_mtime_ns)
-    fixed = [pa.array(list(lays), pa.string()), pa.array([x.jagged for x in lays.values()], pa.bool_()),
-             pa.array([x.src.str for x in lays.values()], pa.string()),
-             pa.array([x.dst.str for x in lays.values()], pa.string())]
-    every = np.concatenate([x.baskets for x in lays.values()])          # all branches' baskets, in order
-    owner = np.repeat(np.arange(len(lays)), [len(x.baskets) for x in lays.values()])
+    fixed = [pa.array(list(kinds), pa.string()), pa.array([k[2] for k in kinds.values()], pa.bool_()),
+             pa.array([k[0].str for k in kinds.values()], pa.string()),
+             pa.array([k[1].str for k in kinds.values()], pa.string())]
+    every = np.concatenate(rows)                                         # all branches' baskets, in order
+    owner = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
     out = []
     for a, b in ranges:
         inside = (every[:, 2] < b) & (every[:, 2] + every[:, 3] > a)
-        counts = np.bincount(owner[inside], minlength=len(lays))
+        counts = np.bincount(owner[inside], minlength=len(rows))
         offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
-        rows = every[inside]
-        lists = [pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(rows[:, i]))) for i in range(4)]
+        chosen = every[inside]
+        lists = [pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(chosen[:, i]))) for i in range(4)]
         batch = pa.RecordBatch.from_arrays(fixed + lists, schema=schema)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema) as w:
@@ -360,7 +368,7 @@ def _parse_map(blob: bytes) -> tuple[dict, tuple[int, int]]:
     rows = np.stack([batch.column(4 + i).values.to_numpy() for i in range(4)], axis=1)
     lays = {}
     for i, name in enumerate(names):
-        lays[name] = Layout(np.dtype(src[i]), np.dtype(dst[i]), jagged[i], rows[offsets[i]:offsets[i + 1]])
+        lays[name] = Layout(np.dtype(src[i]), np.dtype(dst[i]), jagged[i], rows[offsets[i]:offsets[i + 1]].tolist())
     return lays, ident
 
 

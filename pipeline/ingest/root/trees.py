@@ -160,11 +160,11 @@ def read_arrow(t, branches: list[str], entry_start: int, entry_stop: int, direct
         arrays, rest_flat = read_flat(t, flat, entry_start, entry_stop) if direct else ({}, flat)
         if rest_flat:
             arrays.update(t.arrays(rest_flat, entry_start=entry_start, entry_stop=entry_stop, library="np"))
-        cols.update((n, _column(n, arrays[n])) for n in flat)
+        cols.update(_columns((n, arrays[n]) for n in flat))
     jagged = [n for n in branches if direct and n not in cols and is_plain_jagged(t[n].interpretation)]
     if jagged:
         lists, _ = read_jagged(t, jagged, entry_start, entry_stop)
-        cols.update((n, _column(n, a)) for n, a in lists.items())
+        cols.update(_columns(lists.items()))
     rest = [n for n in branches if n not in cols]
     if rest:
         table = to_arrow(read_arrays(t, rest, entry_start, entry_stop))
@@ -180,19 +180,22 @@ def read_arrow_mapped(path: str, tree: str, branches: list[str], entry_start: in
     the file was planned) read without opening the tree; the tree (this worker's
     :func:`cached_tree` for ``scope``) is opened only for the others."""
     got, rest = read_mapped(path, baskets, branches, entry_start, entry_stop)
-    cols = {n: _column(n, a) for n, a in got.items()}
+    cols = _columns(got.items())
     if rest:
         table = read_arrow(cached_tree(path, tree, scope), rest, entry_start, entry_stop)
         cols.update((n, (table.schema.field(i), table.column(i))) for i, n in enumerate(rest))
     return _table(branches, cols)
 
 
-def _column(name: str, values):
-    """(field, Arrow array) of a branch read as a NumPy array or an Arrow array (never null)."""
+def _columns(items) -> dict:
+    """{name: (field, Arrow array)} of branches read as NumPy or Arrow arrays (never null)."""
     import pyarrow as pa
 
-    a = values if isinstance(values, pa.Array) else pa.array(values)
-    return pa.field(name, a.type, nullable=False), a
+    out = {}
+    for name, values in items:
+        a = values if isinstance(values, pa.Array) else pa.array(values)
+        out[name] = (pa.field(name, a.type, nullable=False), a)
+    return out
 
 
 def _table(branches: list[str], cols: dict):
