@@ -245,3 +245,31 @@ def test_a_basket_map_of_another_file_or_range_is_not_used(tmp_path):
     t = open_tree(str(path), "t")
     trees._OPEN.clear()
     _same(trees.read_arrow_mapped(str(path), "t", names, 60, 175, second), read_arrow(t, names, 60, 175))
+
+
+def test_a_branch_that_cannot_be_mapped_leaves_the_file_unmapped(tmp_path, monkeypatch):
+    """The maps only save time: a branch whose baskets cannot be listed (any error but the time
+    limit) gives no map for the file's chunks, which then read through the tree, instead of failing
+    the plan (and with it the file)."""
+    from pipeline.ingest.root import baskets
+    from pipeline.ingest.root.deadline import ReadTimeout
+
+    path = tmp_path / "mixed.root"
+    names = _mixed_file(path, np.random.default_rng(5))
+    t = open_tree(str(path), "t")
+    real = baskets._basket_rows
+
+    def broken(branch):
+        if branch.name == "x":
+            raise ValueError("unreadable fBasketSeek")
+        return real(branch)
+
+    monkeypatch.setattr(baskets, "_basket_rows", broken)
+    assert baskets.basket_maps(t, names, [(0, 60), (60, 175)]) == [None, None]
+
+    def late(branch):
+        raise ReadTimeout("read timed out after 1 s")
+
+    monkeypatch.setattr(baskets, "_basket_rows", late)
+    with pytest.raises(ReadTimeout):                   # the file's time limit still ends the plan
+        baskets.basket_maps(t, names, [(0, 60), (60, 175)])

@@ -42,6 +42,7 @@ branches (or the whole file, when it is not the file that was mapped).
 """
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
@@ -51,6 +52,10 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from uproot.interpretation.jagged import AsJagged
 from uproot.interpretation.numerical import AsDtype
+
+from .deadline import ReadTimeout
+
+log = logging.getLogger(__name__)
 
 _KEY = struct.Struct(">ihiIhh")       # fNbytes, key version, fObjlen, fDatime, fKeylen, fCycle
 _BASKET = struct.Struct(">Hiiii")     # fVersion, fBufferSize, fNevBufSize, fNevBuf, fLast
@@ -329,10 +334,16 @@ def basket_maps(tree, names: list[str], ranges: list[tuple[int, int]]) -> list[O
     kinds, rows = {}, []
     for name in names:
         try:
-            kinds[name] = _numbers(tree[name])
-            rows.append(_basket_rows(tree[name]))
+            kind, where = _numbers(tree[name]), _basket_rows(tree[name])
         except NotDirect:
             continue
+        except ReadTimeout:
+            raise
+        except Exception as e:  # noqa: BLE001 - a map only saves time: its task opens the tree instead
+            log.info("no basket maps for %s (branch %r: %s)", local_path(tree), name, e)
+            return [None] * len(ranges)
+        kinds[name] = kind
+        rows.append(where)
     if not kinds:
         return [None] * len(ranges)
     schema = _map_schema(st.st_size, st.st_mtime_ns)
