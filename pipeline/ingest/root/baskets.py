@@ -152,6 +152,21 @@ def local_path(tree) -> str:
     return path
 
 
+def local_identity(path: str) -> Optional[tuple[int, int]]:
+    """(size, modification time in ns) of a local file, what a map or a cached tree of it is valid
+    for; None for a remote or missing one."""
+    if "://" in path:
+        return None
+    try:
+        return _identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_size, st.st_mtime_ns
+
+
 def is_flat(interpretation) -> bool:
     """One number per entry (bool, integer, float): what :func:`read_flat` reads (uproot's
     ``AsDtype``, not its subclasses such as Float16 or Double32)."""
@@ -328,8 +343,10 @@ def basket_maps(tree, names: list[str], ranges: list[tuple[int, int]]) -> list[O
     if not isinstance(tree, HasBranches):            # an RNTuple: its fields are read with uproot
         return [None] * len(ranges)
     try:
-        st = os.stat(local_path(tree))
-    except (NotDirect, OSError):
+        ident = local_identity(local_path(tree))
+    except NotDirect:
+        ident = None
+    if ident is None:
         return [None] * len(ranges)
     kinds, rows = {}, []
     for name in names:
@@ -346,7 +363,7 @@ def basket_maps(tree, names: list[str], ranges: list[tuple[int, int]]) -> list[O
         rows.append(where)
     if not kinds:
         return [None] * len(ranges)
-    schema = _map_schema(st.st_size, st.st_mtime_ns)
+    schema = _map_schema(*ident)
     fixed = [pa.array(list(kinds), pa.string()), pa.array([k[2] for k in kinds.values()], pa.bool_()),
              pa.array([k[0].str for k in kinds.values()], pa.string()),
              pa.array([k[1].str for k in kinds.values()], pa.string())]
@@ -396,8 +413,7 @@ def read_mapped(path: str, blob: bytes, names: list[str], entry_start: int,
         return {}, list(names)
     out: dict = {}
     try:
-        st = os.fstat(fd)
-        if (st.st_size, st.st_mtime_ns) != ident:
+        if _identity(os.fstat(fd)) != ident:         # the open file itself: no race with a rename
             return {}, list(names)
         for name in names:
             if name in lays:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 import glob
-import os
 import re
 from typing import Optional
 
@@ -26,7 +25,7 @@ from ...errors import BadInputError
 from ...fs import open_root
 from ..uproot_adapter import (index_nested_branches, index_rntuple_fields, memoize_classnames, reuse_interpretations,
                               use_fast_zlib)
-from .baskets import is_flat, is_plain_jagged, read_flat, read_jagged, read_mapped
+from .baskets import is_flat, is_plain_jagged, local_identity, read_flat, read_jagged, read_mapped
 from .config import FILE_TIMEOUT_S
 from .deadline import ReadTimeout, read_deadline
 
@@ -81,22 +80,11 @@ def open_tree(path: str, tree: str):
 _OPEN: dict = {}
 
 
-def _local_identity(path: str) -> Optional[tuple[int, int]]:
-    """(size, modification time in ns) of a local file; None for a remote or missing one."""
-    if "://" in path:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
-
-
 def cached_tree(path: str, tree: str, scope: Optional[str] = None):
     """The last opened tree of this Python worker (chunks of one file often share a worker), kept
     for one ``scope`` (the job: a worker outlives it) and, for a local file, while its size and
     modification time stay the same (a file rewritten in place is opened anew)."""
-    key = (path, tree, scope, _local_identity(path))
+    key = (path, tree, scope, local_identity(path))
     if key not in _OPEN:
         _OPEN.clear()
         _OPEN[key] = open_tree(path, tree)
